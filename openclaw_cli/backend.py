@@ -1,0 +1,168 @@
+"""The backend protocol every backend implements, and discovery of backends by entry point.
+
+Backends register under the entry-point group ``openclaw.backends`` (the built-ins too), so a third-party backend
+installs without touching core code::
+
+    [project.entry-points."openclaw.backends"]
+    mycloud = "mypkg.backend:MyCloudBackend"
+
+A backend class is constructed with the effective :class:`~openclaw_cli.settings.Settings` and must not do slow
+work (loading weights, network calls) before :meth:`Backend.start`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from openclaw_cli.types import (
+    AdamParams,
+    Datum,
+    FwdBwdResult,
+    LossName,
+    Message,
+    ParsedAssistant,
+    PolicyVersion,
+    SampleResult,
+    SamplingParams,
+    StepResult,
+    StreamEvent,
+)
+
+if TYPE_CHECKING:
+    from openclaw_cli.settings import Settings
+
+ENTRY_POINT_GROUP = "openclaw.backends"
+
+
+class BackendError(RuntimeError):
+    """A backend failure worth showing to a user as one clear line (bad credentials, model missing, …).
+
+    ``retryable`` tells callers (the proxy, the trainer) whether trying again later can help; the proxy maps a
+    retryable error to 503 with Retry-After and a permanent one to 500/502.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status_code = status_code
+
+
+class NotYetAvailable(BackendError):
+    """The capability exists in the design but has not been built yet; the message says what to use instead."""
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """Chat-template rendering and completion parsing for one model family, shared by all backends."""
+
+    eos_token_ids: Sequence[int]
+    context_length: int
+
+    def render(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, add_generation_prompt: bool = True
+    ) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def parse_assistant(self, text: str) -> ParsedAssistant: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Load models / open sessions. Raises BackendError with a clear message on failure."""
+
+    def tokenizer(self) -> ChatTokenizer: ...
+
+    def current_version(self) -> PolicyVersion: ...
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult: ...
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]: ...
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+        """log p(tokens[i] | tokens[:i]) for every position; index 0 is None (Tinker's convention).
+        ``base=True`` scores with the frozen base model (the default OPD teacher), else the current policy."""
+
+    async def forward_backward(
+        self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
+    ) -> FwdBwdResult:
+        """Accumulate gradients of the summed loss; several calls before one optim_step accumulate."""
+
+    async def optim_step(self, adam: AdamParams) -> StepResult: ...
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        """Make the trained weights the serving policy atomically: requests already running finish on the
+        version they started with; later ones get the new version."""
+
+    async def save_state(self, name: str) -> str:
+        """Checkpoint weights + optimizer state; returns a path/URI that ``load_state`` accepts."""
+
+    async def load_state(self, path: str) -> PolicyVersion: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class BackendInfo:
+    name: str
+    target: str  # "module:attr" from the entry point
+    distribution: str | None
+
+
+def available_backends() -> dict[str, BackendInfo]:
+    """Every backend registered under the entry-point group, by name."""
+    found: dict[str, BackendInfo] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        found[ep.name] = BackendInfo(ep.name, ep.value, dist.name if dist is not None else None)
+    return found
+
+
+def load_backend_class(name: str) -> type:
+    eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none (is openclaw-cli installed? try `pip install -e .`)"
+        raise BackendError(f"unknown backend {name!r}; installed backends: {known}")
+    return eps[name].load()
+
+
+def create_backend(settings: Settings) -> Backend:
+    """Construct (not start) the backend named by ``settings.backend``."""
+    cls = load_backend_class(settings.backend)
+    return cls(settings)
+
+
+@dataclass
+class Check:
+    """One line of `openclaw backends` / `doctor`: what was checked, whether it passed, and what to do if not."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def diagnose_backend(name: str, settings: Settings) -> list[Check]:
+    """Ask a backend class for its readiness checks (classmethod ``diagnose(settings)``), without starting it.
+
+    A backend without ``diagnose`` is reported as installed with no further checks.
+    """
+    try:
+        cls = load_backend_class(name)
+    except Exception as exc:  # a broken third-party entry point must not take the listing down
+        return [Check("installed", False, f"cannot import: {exc}")]
+    diagnose = getattr(cls, "diagnose", None)
+    if diagnose is None:
+        return [Check("installed", True, "no readiness checks provided")]
+    return list(diagnose(settings))

@@ -1,0 +1,290 @@
+"""Effective settings: defaults < ``openclaw.toml`` (or ``--config PATH``) < ``OPENCLAW_*`` env vars < CLI flags.
+
+Nested keys use ``__`` in env vars (``OPENCLAW_JUDGE__VOTES=5``) and dots on the CLI (``--set judge.votes=5``).
+Secrets are ``SecretStr``: they print masked everywhere and are never written back to a file by us.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = "openclaw.toml"
+ENV_PREFIX = "OPENCLAW_"
+ENV_NESTED_DELIMITER = "__"
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class JudgeSettings(_Section):
+    model: str | None = Field(
+        None, description="Judge model: an OpenAI-compatible model name (with base_url), a LiteLLM model string, "
+        "or unset to use the policy itself."
+    )
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the judge.")
+    api_key: SecretStr | None = Field(None, description="Key for the judge endpoint.")
+    votes: int = Field(3, ge=1, le=15, description="PRM votes per turn (majority; tie or none valid -> 0).")
+    temperature: float = Field(0.6, ge=0.0, le=2.0)
+    max_concurrency: int = Field(4, ge=1, le=256)
+
+
+class LoraSettings(_Section):
+    rank: int = Field(32, ge=1, le=512)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    targets: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+
+
+class TrainSettings(_Section):
+    lr: float = Field(1e-4, gt=0.0, lt=1.0, description="Adam learning rate (LoRA).")
+    batch_size: int = Field(4, ge=1, le=4096, description="Judged samples per optimizer step.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip_norm: float = Field(1.0, ge=0.0, description="0 disables clipping.")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0.0, description="PPO clip: ratio <= 1 + eps_high.")
+    w_opd: float = Field(1.0, ge=0.0, description="Hybrid weight of the OPD advantage.")
+    w_rl: float = Field(1.0, ge=0.0, description="Hybrid weight of the binary RL reward.")
+    max_staleness: int = Field(4, ge=0, description="Samples older than this many policy versions are dropped.")
+    checkpoint_every: int = Field(20, ge=1)
+
+
+class StoreSettings(_Section):
+    path: Path = Field(Path(".openclaw/store.sqlite3"), description="SQLite database (WAL, mode 0600).")
+    retention_days: int | None = Field(None, ge=1)
+
+
+class LocalSettings(_Section):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    sampler: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto = vLLM when importable and a GPU exists, else transformers."
+    )
+    keep_versions: int = Field(3, ge=1, le=64, description="Published versions kept servable (plus the base).")
+    max_concurrent_requests: int = Field(4, ge=1, le=256)
+    state_dir: Path = Field(Path(".openclaw/checkpoints"))
+    seed: int = 0
+
+
+class TinkerSettings(_Section):
+    api_key: SecretStr | None = Field(None, description="Tinker key (tml-...); also read from TINKER_API_KEY.")
+    base_url: str | None = None
+
+
+class FireworksSettings(_Section):
+    api_key: SecretStr | None = Field(None, description="Also read from FIREWORKS_API_KEY.")
+    account_id: str | None = Field(None, description="Also read from FIREWORKS_ACCOUNT_ID.")
+    base_url: str | None = None
+    mode: Literal["stepwise", "batch"] = "stepwise"
+    deployment: str | None = Field(None, description="Existing deployment id to serve from.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    backend: str = Field("local", description="Backend name (see `openclaw backends`).")
+    model: str | None = Field(
+        None, description="HF model id or local path; unset = the embedded SmolLM2-135M-Instruct (local backend)."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8400, ge=1, le=65535)
+    api_key: SecretStr | None = Field(None, description="Required for any non-loopback bind.")
+    method: Literal["rl", "opd", "combined"] = "rl"
+    session_idle_s: float = Field(900.0, gt=0)
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    tinker: TinkerSettings = Field(default_factory=TinkerSettings)
+    fireworks: FireworksSettings = Field(default_factory=FireworksSettings)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_name(cls, value: str) -> str:
+        if not value or not value.replace("-", "_").isidentifier():
+            raise ValueError("must be a backend name such as local, tinker, fireworks")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest priority first. The TOML path is chosen per load (see load_settings), never a global default.
+        toml_path = _CONFIG_PATH_FOR_LOAD.get("path")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+
+# load_settings sets this for the duration of one construction; pydantic-settings asks for sources at that time.
+_CONFIG_PATH_FOR_LOAD: dict[str, Path | None] = {"path": None}
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; ``str()`` is one line per problem, each naming the key and what is allowed."""
+
+
+def resolve_config_path(config: Path | None, cwd: Path | None = None) -> Path | None:
+    """The TOML file to read: the explicit ``--config`` (must exist), else ./openclaw.toml when present."""
+    if config is not None:
+        if not config.is_file():
+            raise SettingsError(f"config file not found: {config}")
+        return config
+    default = (cwd or Path.cwd()) / DEFAULT_CONFIG_FILE
+    return default if default.is_file() else None
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ``["judge.votes=5", "model=x"]`` into a nested dict; values stay strings (pydantic coerces)."""
+    result: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SettingsError(f"--set expects KEY=VALUE, got {pair!r}")
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SettingsError(f"--set {key}: {part} is not a section")
+        node[parts[-1]] = value
+    return result
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        given = err.get("input")
+        shown = "" if err["type"] == "extra_forbidden" or isinstance(given, dict) else f" (got {given!r})"
+        lines.append(f"invalid setting {key}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def load_settings(
+    overrides: dict[str, Any] | None = None, config: Path | None = None, cwd: Path | None = None
+) -> Settings:
+    """Build the effective settings. ``overrides`` are the CLI flags (highest priority); None values are ignored."""
+    path = resolve_config_path(config, cwd)
+    _CONFIG_PATH_FOR_LOAD["path"] = path
+    try:
+        return Settings(**_drop_none(overrides or {}))
+    except ValidationError as exc:
+        raise SettingsError(_format_validation_error(exc)) from None
+    except (OSError, ValueError) as exc:  # unreadable / malformed TOML
+        raise SettingsError(f"cannot read {path}: {exc}") from None
+    finally:
+        _CONFIG_PATH_FOR_LOAD["path"] = None
+
+
+def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            nested = _drop_none(value)
+            if nested:
+                out[key] = nested
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, full + "."))
+        else:
+            flat[full] = value
+    return flat
+
+
+def settings_sources(
+    overrides: dict[str, Any] | None = None, config: Path | None = None, cwd: Path | None = None
+) -> dict[str, str]:
+    """For each leaf key, where its effective value came from: "cli", "env", the TOML path, or "default"."""
+    path = resolve_config_path(config, cwd)
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if path is not None:
+        layers.append((str(path), TomlConfigSettingsSource(Settings, toml_file=path)()))
+    layers.append(("env", EnvSettingsSource(Settings, env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER,
+                                            case_sensitive=False)()))
+    layers.append(("cli", InitSettingsSource(Settings, init_kwargs=_drop_none(overrides or {}))()))
+    origin: dict[str, str] = {}
+    for label, data in layers:  # lowest priority first, later layers win
+        for key in _flatten(data):
+            origin[key] = label
+    return origin
+
+
+def effective_items(settings: Settings, sources: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(key, shown value, source) for every leaf setting, secrets masked."""
+    rows = []
+    for key, value in _flatten(_dump_leaves(settings)).items():
+        source = sources.get(key) or next((s for k, s in sources.items() if k.startswith(key + ".")), "default")
+        rows.append((key, value, source))
+    return rows
+
+
+def _dump_leaves(model: BaseModel) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out[name] = _dump_leaves(value)
+        elif isinstance(value, SecretStr):
+            out[name] = mask_secret(value)
+        elif value is None:
+            out[name] = "(unset)"
+        else:
+            out[name] = str(value) if not isinstance(value, list) else ", ".join(map(str, value))
+    return out
+
+
+def mask_secret(value: SecretStr | None) -> str:
+    if value is None:
+        return "(unset)"
+    # Never echo any part of a secret: a prefix can identify the key's account or type.
+    return "**** (set)" if value.get_secret_value() else "(empty)"
+
+
+def env_secret(value: SecretStr | None, *env_names: str) -> str | None:
+    """A secret from settings, else from the first set of the well-known env vars (e.g. TINKER_API_KEY)."""
+    if value is not None and value.get_secret_value():
+        return value.get_secret_value()
+    for name in env_names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
