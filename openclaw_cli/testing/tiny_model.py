@@ -14,28 +14,28 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", 
 
 # Our own Qwen-style template: system (+ tool list), user/assistant/tool turns, assistant tool calls as JSON.
 CHAT_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n"
-    "{%- if messages and messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages and messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
     "# Tools\nYou may call one or more functions. Signatures:\n<tools>"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
     'Reply with <tool_call>{"name": <name>, "arguments": <args>}</tool_call> to call one.<|im_end|>\n'
-    "{%- elif messages and messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'system' and loop.first %}"
-    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% elif messages and messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and loop.first %}"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response>"
     "<|im_end|>\n"
-    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
-    "{%- if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}"
-    "{%- if message.content %}{{ message.content }}{% endif %}"
-    "{%- if message.tool_calls %}{%- for call in message.tool_calls %}"
-    "{%- if (loop.first and message.content) or not loop.first %}\n{% endif %}"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}"
+    "{% if (loop.first and message.content) or not loop.first %}\n{% endif %}"
     '<tool_call>\n{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments }}}\n</tool_call>'
-    "{%- endfor %}{%- endif %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 _CORPUS = [
