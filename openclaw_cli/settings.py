@@ -32,8 +32,9 @@ class _Section(BaseModel):
 
 class JudgeSettings(_Section):
     model: str | None = Field(
-        None, description="Judge model: an OpenAI-compatible model name (with base_url), a LiteLLM model string, "
-        "or unset to use the policy itself."
+        None,
+        description="Judge model: an OpenAI-compatible model name (with base_url), a LiteLLM model string, "
+        "or unset to use the policy itself.",
     )
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the judge.")
     api_key: SecretStr | None = Field(None, description="Key for the judge endpoint.")
@@ -239,8 +240,14 @@ def settings_sources(
     layers: list[tuple[str, dict[str, Any]]] = []
     if path is not None:
         layers.append((str(path), TomlConfigSettingsSource(Settings, toml_file=path)()))
-    layers.append(("env", EnvSettingsSource(Settings, env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER,
-                                            case_sensitive=False)()))
+    layers.append(
+        (
+            "env",
+            EnvSettingsSource(
+                Settings, env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, case_sensitive=False
+            )(),
+        )
+    )
     layers.append(("cli", InitSettingsSource(Settings, init_kwargs=_drop_none(overrides or {}))()))
     origin: dict[str, str] = {}
     for label, data in layers:  # lowest priority first, later layers win

@@ -71,8 +71,13 @@ def _normalise_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 args = fn.get("arguments", "{}")
                 if not isinstance(args, str):
                     args = json.dumps(args, ensure_ascii=False)
-                calls.append({"id": call.get("id"), "type": "function",
-                              "function": {"name": fn.get("name", ""), "arguments": args}})
+                calls.append(
+                    {
+                        "id": call.get("id"),
+                        "type": "function",
+                        "function": {"name": fn.get("name", ""), "arguments": args},
+                    }
+                )
             norm["tool_calls"] = calls
         for key in ("tool_call_id", "name", "reasoning_content"):
             if msg.get(key) is not None:
@@ -124,8 +129,11 @@ def parse_assistant_text(text: str, *, tools_offered: bool = True) -> ParsedAssi
         start = body.find(THINK_OPEN)
         inner_start = start + len(THINK_OPEN) if 0 <= start < think_end else 0
         reasoning = body[inner_start:think_end].strip()
-        body = body[:max(start, 0)] + body[think_end + len(THINK_CLOSE):] if start != -1 else body[think_end + len(
-            THINK_CLOSE):]
+        body = (
+            body[: max(start, 0)] + body[think_end + len(THINK_CLOSE) :]
+            if start != -1
+            else body[think_end + len(THINK_CLOSE) :]
+        )
         body = body.lstrip("\n")
 
     calls: list[ToolCall] = []
@@ -137,7 +145,7 @@ def parse_assistant_text(text: str, *, tools_offered: bool = True) -> ParsedAssi
             break
         close_at = body.find(TOOL_CLOSE, open_at)
         inner_end = close_at if close_at != -1 else len(body)
-        parsed = _calls_from_json_text(body[open_at + len(TOOL_OPEN):inner_end])
+        parsed = _calls_from_json_text(body[open_at + len(TOOL_OPEN) : inner_end])
         block_end = inner_end + len(TOOL_CLOSE) if close_at != -1 else len(body)
         kept.append(body[cursor:open_at])
         if parsed is None:
