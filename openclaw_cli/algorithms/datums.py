@@ -1,0 +1,93 @@
+"""Judged samples -> per-token advantages -> Tinker-aligned datums for one optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from openclaw_cli.algorithms.binary_rl import binary_rl_advantages
+from openclaw_cli.algorithms.hybrid import hybrid_advantages
+from openclaw_cli.algorithms.opd import opd_advantages
+from openclaw_cli.settings import TrainSettings
+from openclaw_cli.types import Datum, datum_from_completion
+
+Method = Literal["rl", "opd", "combined"]
+
+
+@dataclass
+class TrainSample:
+    """One main-line assistant turn with its judgement, as the trainer sees it."""
+
+    turn_id: int
+    session_id: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    sampler_logprobs: list[float]  # log pi_old(a_t | s), stored at serving time
+    version: int  # policy version that produced it
+    reward: float | None = None  # PRM majority in {-1, 0, +1}; None = not judged for RL
+    teacher_logprobs: list[float] | None = None  # log pi_teacher(a_t | s + hint); None = no accepted hint
+
+
+def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
+    """The PPO clip as ratio bounds (Tinker's loss_fn_config names)."""
+    return {"clip_low_threshold": 1.0 - train.eps_low, "clip_high_threshold": 1.0 + train.eps_high}
+
+
+def _advantages(sample: TrainSample, method: Method, train: TrainSettings, baseline: float) -> list[float] | None:
+    n = len(sample.completion_tokens)
+    if method == "rl":
+        if sample.reward is None or sample.reward == 0:
+            return None
+        return binary_rl_advantages(sample.reward, n, baseline)
+    if method == "opd":
+        if sample.teacher_logprobs is None:
+            return None
+        return [train.w_opd * a for a in opd_advantages(sample.teacher_logprobs, sample.sampler_logprobs)]
+    return hybrid_advantages(
+        old_logprobs=sample.sampler_logprobs,
+        reward=sample.reward,
+        teacher_logprobs=sample.teacher_logprobs,
+        w_opd=train.w_opd,
+        w_rl=train.w_rl,
+        baseline=baseline,
+    )
+
+
+def build_datums(
+    samples: list[TrainSample],
+    method: Method,
+    train: TrainSettings,
+    *,
+    current_version: int,
+    baseline: float = 0.0,
+) -> tuple[list[Datum], list[int]]:
+    """Datums for one step and the turn ids they came from.
+
+    - Samples more than ``train.max_staleness`` versions behind ``current_version`` are dropped (not down-weighted):
+      their sampler logprobs no longer describe the policy being trained, and the PPO clip alone does not bound
+      the bias of a far off-policy sample.
+    - A sample with no usable signal (RL: reward 0 or unjudged; OPD: no hint) is left out.
+    - Loss normalisation: backends sum over tokens, so each sample's advantages are divided by its length and by
+      the number of samples: the step optimises the mean over samples of the per-sample token mean.
+    """
+    kept: list[tuple[TrainSample, list[float]]] = []
+    for sample in samples:
+        if current_version - sample.version > train.max_staleness:
+            continue
+        if len(sample.sampler_logprobs) != len(sample.completion_tokens):
+            raise ValueError(f"turn {sample.turn_id}: logprobs and completion tokens differ in length")
+        advantages = _advantages(sample, method, train, baseline)
+        if advantages is not None:
+            kept.append((sample, advantages))
+    datums = []
+    for sample, advantages in kept:
+        scale = 1.0 / (len(advantages) * len(kept))
+        datums.append(
+            datum_from_completion(
+                sample.prompt_tokens,
+                sample.completion_tokens,
+                logprobs=sample.sampler_logprobs,
+                advantages=[a * scale for a in advantages],
+            )
+        )
+    return datums, [sample.turn_id for sample, _ in kept]

@@ -1,0 +1,38 @@
+"""On-Policy Distillation: a hint-conditioned teacher scores the student's own tokens.
+
+A_t = clip(log pi_teacher(a_t | s + hint) - log pi_old(a_t | s), -c, c). The log-ratio is first clamped to +-20 (a
+token the teacher finds impossible must not produce an infinite advantage), then clipped to +-c (default 1, the
+reference method's current recipe) so a few surprising tokens cannot dominate a batch.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from openclaw_cli.tokenizer import flatten_content
+
+HINT_HEADER = "[user's hint / instruction]"
+LOGRATIO_CLAMP = 20.0
+
+
+def teacher_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """The teacher's context: the same conversation with the hint appended to the last user message."""
+    if not hint.strip():
+        raise ValueError("an OPD hint must not be empty")
+    out = copy.deepcopy(messages)
+    for message in reversed(out):
+        if message.get("role") == "user":
+            message["content"] = f"{flatten_content(message.get('content'))}\n\n{HINT_HEADER}\n{hint.strip()}"
+            return out
+    raise ValueError("the conversation has no user message to attach the hint to")
+
+
+def opd_advantages(teacher_logprobs: list[float], old_logprobs: list[float], clip: float = 1.0) -> list[float]:
+    if len(teacher_logprobs) != len(old_logprobs):
+        raise ValueError(f"teacher has {len(teacher_logprobs)} logprobs, student has {len(old_logprobs)}")
+    out = []
+    for teacher, old in zip(teacher_logprobs, old_logprobs, strict=True):
+        diff = max(-LOGRATIO_CLAMP, min(LOGRATIO_CLAMP, teacher - old))
+        out.append(max(-clip, min(clip, diff)) if clip > 0 else diff)
+    return out

@@ -1,0 +1,116 @@
+"""Advantage formulas against hand computations, and datum building."""
+
+from __future__ import annotations
+
+import pytest
+
+from openclaw_cli.algorithms import (
+    HINT_HEADER,
+    RunningBaseline,
+    TrainSample,
+    binary_rl_advantages,
+    build_datums,
+    hybrid_advantages,
+    opd_advantages,
+    ppo_loss_config,
+    teacher_messages,
+)
+from openclaw_cli.settings import TrainSettings
+
+
+def test_binary_rl_is_reward_minus_baseline_on_every_token() -> None:
+    assert binary_rl_advantages(1, 3) == [1.0, 1.0, 1.0]
+    assert binary_rl_advantages(-1, 2, baseline=0.25) == [-1.25, -1.25]
+
+
+def test_running_baseline_returns_pre_update_mean() -> None:
+    b = RunningBaseline(decay=0.5)
+    assert b.update([1.0]) == 0.0  # first batch: nothing known yet
+    assert b.value == 1.0  # first reward initialises the average
+    assert b.update([-1.0]) == 1.0
+    assert b.value == 0.0  # 0.5 * 1 + 0.5 * -1
+    off = RunningBaseline()
+    off.update([1.0, 1.0])
+    assert off.value == 0.0
+
+
+def test_opd_advantage_is_clipped_teacher_minus_old() -> None:
+    teacher = [-0.5, -3.0, -0.1, -40.0]
+    old = [-1.0, -1.0, -2.5, -1.0]
+    # differences 0.5, -2.0, 2.4, -39 -> clip to +-1
+    assert opd_advantages(teacher, old) == pytest.approx([0.5, -1.0, 1.0, -1.0])
+    # without the +-1 clip the +-20 log-ratio clamp still applies
+    assert opd_advantages(teacher, old, clip=0) == pytest.approx([0.5, -2.0, 2.4, -20.0])
+    with pytest.raises(ValueError):
+        opd_advantages([-1.0], [-1.0, -2.0])
+
+
+def test_hybrid_dispatch_per_turn() -> None:
+    old, teacher = [-1.0, -2.0], [-0.5, -2.5]
+    # both signals: w_opd * (t - old) + w_rl * r = 2*[0.5, -0.5] + 0.5*[1, 1]
+    both = hybrid_advantages(old_logprobs=old, reward=1, teacher_logprobs=teacher, w_opd=2.0, w_rl=0.5)
+    assert both == pytest.approx([1.5, -0.5])
+    assert hybrid_advantages(old_logprobs=old, reward=0, teacher_logprobs=teacher) == pytest.approx([0.5, -0.5])
+    assert hybrid_advantages(old_logprobs=old, reward=-1, teacher_logprobs=None) == [-1.0, -1.0]
+    assert hybrid_advantages(old_logprobs=old, reward=0, teacher_logprobs=None) is None
+    assert hybrid_advantages(old_logprobs=old, reward=None, teacher_logprobs=None) is None
+
+
+def test_teacher_messages_append_hint_to_last_user_message() -> None:
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "second"}]},
+        {"role": "assistant", "content": "draft"},
+    ]
+    out = teacher_messages(messages, " Use metric units. ")
+    assert out[2]["content"] == f"second\n\n{HINT_HEADER}\nUse metric units."
+    assert messages[2]["content"] == [{"type": "text", "text": "second"}]  # caller's copy untouched
+    with pytest.raises(ValueError):
+        teacher_messages([{"role": "system", "content": "x"}], "hint")
+
+
+def _sample(turn_id: int, reward: float | None, version: int = 0, n: int = 2, teacher=None) -> TrainSample:
+    return TrainSample(
+        turn_id=turn_id,
+        session_id="s",
+        prompt_tokens=[5, 6],
+        completion_tokens=list(range(10, 10 + n)),
+        sampler_logprobs=[-1.0] * n,
+        version=version,
+        reward=reward,
+        teacher_logprobs=teacher,
+    )
+
+
+def test_build_datums_token_mean_scaling_and_filters() -> None:
+    train = TrainSettings(max_staleness=2)
+    samples = [
+        _sample(1, 1, n=2),
+        _sample(2, -1, n=4),
+        _sample(3, 0),  # no signal for RL
+        _sample(4, 1, version=0),
+    ]
+    datums, ids = build_datums(samples, "rl", train, current_version=2)
+    assert ids == [1, 2, 4]
+    # per-sample token mean, then mean over the 3 kept samples: A / (n_tokens * 3)
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.0, 1 / 6, 1 / 6])
+    assert datums[1].loss_fn_inputs["advantages"] == pytest.approx([0.0] + [-1 / 12] * 4)
+    assert datums[0].loss_fn_inputs["logprobs"] == [0.0, -1.0, -1.0]
+    # staleness: version 0 is 3 versions behind 3 -> dropped
+    _, ids = build_datums(samples, "rl", train, current_version=3)
+    assert ids == []
+
+
+def test_build_datums_opd_needs_a_hint() -> None:
+    train = TrainSettings()
+    samples = [_sample(1, 1), _sample(2, None, teacher=[-0.5, -1.5])]
+    datums, ids = build_datums(samples, "opd", train, current_version=0)
+    assert ids == [2]
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.0, 0.25, -0.25])
+
+
+def test_ppo_loss_config_from_eps() -> None:
+    assert ppo_loss_config(TrainSettings(eps_low=0.2, eps_high=0.28)) == pytest.approx(
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28}
+    )
