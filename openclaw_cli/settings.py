@@ -6,11 +6,16 @@ Secrets are ``SecretStr``: they print masked everywhere and are never written ba
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
+from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -19,6 +24,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as SourceParseError
 
 DEFAULT_CONFIG_FILE = "openclaw.toml"
 ENV_PREFIX = "OPENCLAW_"
@@ -95,6 +101,25 @@ class FireworksSettings(_Section):
     deployment: str | None = Field(None, description="Existing deployment id to serve from.")
 
 
+class ProxySettings(_Section):
+    served_model_name: str | None = Field(
+        None, description="Model id the proxy serves under; unset = `model`, or openclaw-policy when that is unset."
+    )
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="Extra model names accepted as the policy (e.g. the names a client insists on sending).",
+    )
+    accept_any_model: bool = Field(False, description="Serve the policy whatever model name a request asks for.")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    default_max_tokens: int = Field(
+        2048, ge=1, description="Completion budget when an OpenAI request sets no max_tokens (capped by context)."
+    )
+    capture_timeout_s: float = Field(10.0, gt=0, description="Longest wait for the store to record one reply.")
+    keepalive_s: float = Field(15.0, gt=0, description="Idle streams get an SSE keep-alive this often.")
+    expire_every_s: float = Field(5.0, gt=0, description="How often idle sessions are expired while serving.")
+    retry_after_s: int = Field(2, ge=0, description="Retry-After sent with 503/529 when the backend is busy.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -119,6 +144,7 @@ class Settings(BaseSettings):
     local: LocalSettings = Field(default_factory=LocalSettings)
     tinker: TinkerSettings = Field(default_factory=TinkerSettings)
     fireworks: FireworksSettings = Field(default_factory=FireworksSettings)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
 
     @field_validator("backend")
     @classmethod
@@ -163,7 +189,11 @@ def resolve_config_path(config: Path | None, cwd: Path | None = None) -> Path | 
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """Turn ``["judge.votes=5", "model=x"]`` into a nested dict; values stay strings (pydantic coerces)."""
+    """Turn ``["judge.votes=5", "model=x"]`` into a nested dict; values stay strings (pydantic coerces).
+
+    A value that starts with ``[`` or ``{`` is read as JSON, so list settings can be set from the command line
+    (``--set 'lora.targets=["q_proj","v_proj"]'``), the same syntax the env source expects for them.
+    """
     result: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -176,21 +206,101 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise SettingsError(f"--set {key}: {part} is not a section")
-        node[parts[-1]] = value
+        node[parts[-1]] = _override_value(key, value)
     return result
+
+
+def _override_value(key: str, value: str) -> Any:
+    if not value.lstrip().startswith(("[", "{")):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"--set {key}: value looks like JSON but does not parse ({exc.msg})") from None
 
 
 def _format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc)
+        field = _field_at(loc)
         if err["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        given = err.get("input")
-        shown = "" if err["type"] == "extra_forbidden" or isinstance(given, dict) else f" (got {given!r})"
+            lines.append(f"invalid setting {key}: unknown setting; {_known_keys_hint(loc)}")
+            continue
+        msg = err["msg"]
+        allowed = _allowed_range(field) if err["type"] in _RANGE_ERRORS else ""
+        if allowed:
+            msg = f"{msg}; allowed: {allowed}"
+        # Echo the rejected value only for plain leaf settings: a secret (or a section that holds one) must never
+        # be printed, not even when it was given with the wrong type.
+        show_input = field is not None and not _is_section(field) and not _is_secret(field)
+        shown = f" (got {err.get('input')!r})" if show_input else ""
         lines.append(f"invalid setting {key}: {msg}{shown}")
     return "\n".join(lines)
+
+
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
+def _field_at(loc: list[str]) -> FieldInfo | None:
+    """The model field a validation-error location points at (list indices after a leaf are ignored)."""
+    model: type[BaseModel] = Settings
+    field: FieldInfo | None = None
+    for part in loc:
+        if field is not None and not _is_section(field):
+            break  # e.g. an index into a list setting
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        if _is_section(field):
+            model = field.annotation  # type: ignore[assignment]
+    return field
+
+
+def _section_fields(loc: list[str]) -> dict[str, FieldInfo]:
+    model: type[BaseModel] = Settings
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None or not _is_section(field):
+            break
+        model = field.annotation  # type: ignore[assignment]
+    return dict(model.model_fields)
+
+
+def _known_keys_hint(loc: list[str]) -> str:
+    known = _section_fields(loc[:-1])
+    where = ".".join(loc[:-1]) or "the top level"
+    close = difflib.get_close_matches(loc[-1], list(known), n=1)
+    suggestion = f"did you mean {close[0]}? " if close else ""
+    return f"{suggestion}known keys in {where}: {', '.join(known)}"
+
+
+def _is_section(field: FieldInfo) -> bool:
+    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+
+
+def _is_secret(field: FieldInfo) -> bool:
+    annotation = field.annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(arg is SecretStr for arg in get_args(annotation))
+    return annotation is SecretStr
+
+
+def _allowed_range(field: FieldInfo | None) -> str:
+    if field is None:
+        return ""
+    bounds = []
+    for item in field.metadata:
+        if isinstance(item, Ge):
+            bounds.append(f">= {item.ge}")
+        elif isinstance(item, Gt):
+            bounds.append(f"> {item.gt}")
+        elif isinstance(item, Le):
+            bounds.append(f"<= {item.le}")
+        elif isinstance(item, Lt):
+            bounds.append(f"< {item.lt}")
+    return " and ".join(bounds)
 
 
 def load_settings(
@@ -203,8 +313,15 @@ def load_settings(
         return Settings(**_drop_none(overrides or {}))
     except ValidationError as exc:
         raise SettingsError(_format_validation_error(exc)) from None
+    except SourceParseError as exc:
+        # pydantic-settings raises this for an env value it cannot decode (list/section values must be JSON).
+        # Its message names the field, never the value, so it is safe to show.
+        raise SettingsError(
+            f"invalid setting from the environment: {exc} (list and section values in {ENV_PREFIX}* variables "
+            f"must be JSON, e.g. {ENV_PREFIX}LORA{ENV_NESTED_DELIMITER}TARGETS='[\"q_proj\"]')"
+        ) from None
     except (OSError, ValueError) as exc:  # unreadable / malformed TOML
-        raise SettingsError(f"cannot read {path}: {exc}") from None
+        raise SettingsError(f"cannot read config file {path}: {exc}") from None
     finally:
         _CONFIG_PATH_FOR_LOAD["path"] = None
 
@@ -265,6 +382,28 @@ def effective_items(settings: Settings, sources: dict[str, str]) -> list[tuple[s
     return rows
 
 
+def effective_values(settings: Settings) -> dict[str, Any]:
+    """Every leaf setting by dotted key as a JSON-ready value (unset -> None); secrets masked, never revealed."""
+    return _flatten(_json_leaves(settings))
+
+
+def _json_leaves(model: BaseModel) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out[name] = _json_leaves(value)
+        elif isinstance(value, SecretStr):
+            out[name] = mask_secret(value)
+        elif isinstance(value, Path):
+            out[name] = str(value)
+        elif isinstance(value, list):
+            out[name] = list(value)
+        else:
+            out[name] = value
+    return out
+
+
 def _dump_leaves(model: BaseModel) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in type(model).model_fields:
@@ -276,7 +415,7 @@ def _dump_leaves(model: BaseModel) -> dict[str, Any]:
         elif value is None:
             out[name] = "(unset)"
         else:
-            out[name] = str(value) if not isinstance(value, list) else ", ".join(map(str, value))
+            out[name] = str(value) if not isinstance(value, list) else ", ".join(map(str, value)) or "(empty)"
     return out
 
 

