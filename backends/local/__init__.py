@@ -1,0 +1,359 @@
+"""The local backend: the policy runs in this process, PEFT LoRA trains it, and one base model serves every version.
+
+Serving and training share the base weights: the trainer builds its PEFT model on a copy of the module tree that
+shares the parameter tensors, and the serving side wraps the served tree's LoRA targets so each request runs on the
+LoRA deltas of the version it pinned (:mod:`backends.local.serving`). Trainer calls run in a worker thread under one
+asyncio lock, serving in its own thread pool, so a training step never blocks a reply.
+
+Heavy imports (torch, transformers, peft) happen in :meth:`LocalBackend.start`, so listing backends stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from openclaw_cli.backend import BackendError, Check
+from openclaw_cli.types import (
+    AdamParams,
+    Datum,
+    FwdBwdResult,
+    LossName,
+    PolicyVersion,
+    SampleResult,
+    SamplingParams,
+    StepResult,
+    StreamEvent,
+)
+
+if TYPE_CHECKING:
+    from backends.local.lora_delta import LoraWeights
+    from backends.local.model_loading import LoadedModel
+    from backends.local.sampler import TransformersSampler
+    from backends.local.serving import PolicyVersions
+    from backends.local.trainer import LoraTrainer
+    from backends.local.vllm_sampler import VLLMSampler
+    from openclaw_cli.settings import Settings
+    from openclaw_cli.tokenizer import HFChatTokenizer
+
+SamplerKind = Literal["transformers", "vllm"]
+STATE_FILE = "openclaw-state.json"
+TRAINER_SUBDIR = "trainer"
+_STATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def choose_sampler(preference: str) -> SamplerKind:
+    """``auto`` = vLLM when it is installed and a GPU exists, else transformers; an explicit choice must work."""
+    if preference == "transformers":
+        return "transformers"
+    if preference not in ("auto", "vllm"):
+        raise BackendError(f"unknown local.sampler {preference!r}; use auto, transformers or vllm")
+    from backends.local.vllm_sampler import vllm_available  # light: vllm itself is imported only on start
+
+    usable, why = vllm_available()
+    if preference == "vllm" and not usable:
+        raise BackendError(f"local.sampler is 'vllm' but {why}; use local.sampler = 'auto' or 'transformers'")
+    return "vllm" if usable else "transformers"
+
+
+class LocalBackend:
+    """In-process policy: PEFT LoRA trainer + versioned serving over one copy of the base weights.
+
+    With the vLLM sampler, vLLM serves ``sample``/``stream`` while the torch model keeps the same versions (every
+    publish goes to both, under the same number) for ``compute_logprobs``.
+    """
+
+    name = "local"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sampler_kind: SamplerKind | None = None
+        self._loaded: LoadedModel | None = None
+        self._trainer: LoraTrainer | None = None
+        self._versions: PolicyVersions | None = None
+        self._torch_sampler: TransformersSampler | None = None  # scoring always; serving unless vLLM serves
+        self._vllm: VLLMSampler | None = None
+        self._vllm_adapters: Path | None = None
+        self._train_lock = asyncio.Lock()
+        self._start_lock = asyncio.Lock()
+        self._published_step = 0  # trainer step whose weights the current version serves
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._torch_sampler is not None:
+                return
+            kind = choose_sampler(self.settings.local.sampler)
+            loaded, trainer, versions, torch_sampler = await asyncio.to_thread(self._build)
+            if kind == "vllm":
+                from backends.local.vllm_sampler import VLLMSampler
+
+                self._vllm_adapters = Path(tempfile.mkdtemp(prefix="openclaw-vllm-adapters-"))
+                vllm = VLLMSampler(loaded.path, loaded.tokenizer, self.settings, adapter_dir=self._vllm_adapters)
+                try:
+                    await vllm.start()
+                except BaseException:
+                    torch_sampler.close()
+                    shutil.rmtree(self._vllm_adapters, ignore_errors=True)
+                    raise
+                self._vllm = vllm
+            self._loaded, self._trainer, self._versions = loaded, trainer, versions
+            self._torch_sampler = torch_sampler
+            self.sampler_kind = kind
+
+    def _build(self) -> tuple[LoadedModel, LoraTrainer, PolicyVersions, TransformersSampler]:
+        from backends.local.model_loading import load_model
+        from backends.local.sampler import TransformersSampler
+        from backends.local.serving import PolicyVersions
+        from backends.local.trainer import LoraTrainer
+
+        settings = self.settings
+        loaded = load_model(settings)
+        # The trainer copies the module tree before the serving wrappers go in, so PEFT never sees our wrappers.
+        try:
+            trainer = LoraTrainer(loaded.model, settings.lora, seed=settings.local.seed)
+        except ValueError as exc:  # e.g. no LoRA target matches this model's layers
+            raise BackendError(f"cannot set up LoRA training on {loaded.path}: {exc}") from exc
+        versions = PolicyVersions(loaded.model, settings.lora.targets, keep=settings.local.keep_versions)
+        sampler = TransformersSampler(
+            loaded.model,
+            loaded.tokenizer,
+            versions,
+            max_concurrent=settings.local.max_concurrent_requests,
+            context_length=loaded.tokenizer.context_length,
+        )
+        return loaded, trainer, versions, sampler
+
+    async def close(self) -> None:
+        if self._vllm is not None:
+            await self._vllm.close()
+        if self._torch_sampler is not None:
+            self._torch_sampler.close()
+        if self._vllm_adapters is not None:
+            shutil.rmtree(self._vllm_adapters, ignore_errors=True)
+        self._vllm = self._vllm_adapters = self._torch_sampler = None
+        self._versions = self._trainer = self._loaded = None
+
+    # -- serving ------------------------------------------------------------------------------------------------
+
+    def tokenizer(self) -> HFChatTokenizer:
+        return self._require_loaded().tokenizer
+
+    def current_version(self) -> PolicyVersion:
+        return self._require_versions().current()
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        return await self._serving().sample(prompt_tokens, params, version)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        return self._serving().stream(prompt_tokens, params, version)
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+        from backends.local.serving import BASE_VERSION
+
+        return await self._require_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
+
+    # -- training -----------------------------------------------------------------------------------------------
+
+    async def forward_backward(
+        self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
+    ) -> FwdBwdResult:
+        trainer = self._require_trainer()
+        async with self._train_lock:
+            return await asyncio.to_thread(trainer.forward_backward, datums, loss, loss_config)
+
+    async def optim_step(self, adam: AdamParams) -> StepResult:
+        trainer = self._require_trainer()
+        async with self._train_lock:
+            return await asyncio.to_thread(trainer.optim_step, adam)
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        trainer = self._require_trainer()
+        async with self._train_lock:
+            weights = await asyncio.to_thread(trainer.lora_weights)
+            info = await self._publish_everywhere(weights, name, None)
+            self._published_step = trainer.step
+            return info
+
+    async def _publish_everywhere(self, weights: LoraWeights, name: str | None, version: int | None) -> PolicyVersion:
+        versions = self._require_versions()
+        if self._vllm is None:
+            return versions.publish(weights, name, version=version)
+        # vLLM numbers its versions itself (a requested number cannot be honoured there); the torch side mirrors
+        # whatever number vLLM gave, so scoring and serving always agree on what "version N" is.
+        info = await self._vllm.publish(weights, name)
+        mirrored = versions.publish(weights, name, version=info.version)
+        if mirrored.version != info.version:
+            raise BackendError(f"version numbers diverged: vLLM {info.version}, torch side {mirrored.version}")
+        return info
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+
+    async def save_state(self, name: str) -> str:
+        """Write trainer state + the serving version to ``local.state_dir/<name>`` (atomically); returns its path.
+
+        The file records whether the trainer's weights are exactly the current version's (no optimizer step
+        since the last publish); only then does ``load_state`` bring that version number back.
+        """
+        from backends.local.model_loading import write_dir_atomically
+
+        if not _STATE_NAME.match(name):
+            raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
+        trainer, versions = self._require_trainer(), self._require_versions()
+        target = Path(self.settings.local.state_dir).expanduser().resolve() / name
+        async with self._train_lock:
+            current = versions.current()
+            state = {
+                "version": current.version,
+                "version_name": current.name,
+                "weights_are_version": trainer.step == self._published_step,
+                "trainer_step": trainer.step,
+                "model": str(self._require_loaded().path),
+                "saved_at": time.time(),
+            }
+
+            def write(directory: Path) -> None:
+                trainer.save(directory / TRAINER_SUBDIR)
+                (directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+            await asyncio.to_thread(write_dir_atomically, target, write)
+        return str(target)
+
+    async def load_state(self, path: str) -> PolicyVersion:
+        """Restore the trainer from ``path`` and serve its weights (under the saved version number when it was
+        a published version and that number is still unused here; else the next one)."""
+        trainer, versions = self._require_trainer(), self._require_versions()
+        directory = Path(path).expanduser()
+        try:
+            state: dict[str, Any] = json.loads((directory / STATE_FILE).read_text())
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"{directory} is not a local-backend checkpoint (no readable {STATE_FILE})") from exc
+        async with self._train_lock:
+            try:
+                await asyncio.to_thread(trainer.load, directory / TRAINER_SUBDIR)
+            except (OSError, ValueError) as exc:
+                raise BackendError(f"cannot restore the trainer from {directory}: {exc}") from exc
+            saved_version = int(state.get("version", 0))
+            exact = bool(state.get("weights_are_version"))
+            if exact and saved_version == 0 and versions.current().version == 0:
+                info = versions.current()  # nothing was ever published: the base serves, as it did
+            else:
+                weights = await asyncio.to_thread(trainer.lora_weights)
+                name = state.get("version_name") if exact else None
+                info = await self._publish_everywhere(weights, name, saved_version if exact else None)
+            self._published_step = trainer.step
+            return info
+
+    # -- readiness ----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def diagnose(cls, settings: Settings) -> list[Check]:
+        """Import checks, device, model location and sampler choice. Loads no model weights."""
+        checks = [_import_check(module) for module in ("torch", "transformers", "peft")]
+        if not checks[0].ok:
+            return checks
+        from backends.local.model_loading import resolve_device
+
+        try:
+            device = resolve_device(settings.local.device)
+            detail = str(device)
+            if device.type == "cuda":
+                import torch
+
+                detail += f" ({torch.cuda.get_device_name(device)})"
+            checks.append(Check("device", True, detail))
+        except BackendError as exc:
+            checks.append(Check("device", False, str(exc)))
+        checks.append(_model_check(settings))
+        from backends.local.vllm_sampler import vllm_available
+
+        usable, why = vllm_available()
+        if settings.local.sampler == "vllm":
+            checks.append(Check("sampler", usable, "vllm" if usable else why))
+        else:
+            chosen = "vllm" if usable and settings.local.sampler == "auto" else "transformers"
+            checks.append(Check("sampler", True, f"{chosen} ({why})"))
+        return checks
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _require_loaded(self) -> LoadedModel:
+        if self._loaded is None:
+            raise BackendError("the local backend is not started; call start() first")
+        return self._loaded
+
+    def _require_trainer(self) -> LoraTrainer:
+        if self._trainer is None:
+            raise BackendError("the local backend is not started; call start() first")
+        return self._trainer
+
+    def _require_versions(self) -> PolicyVersions:
+        if self._versions is None:
+            raise BackendError("the local backend is not started; call start() first")
+        return self._versions
+
+    def _require_sampler(self) -> TransformersSampler:
+        if self._torch_sampler is None:
+            raise BackendError("the local backend is not started; call start() first")
+        return self._torch_sampler
+
+    def _serving(self) -> TransformersSampler | VLLMSampler:
+        sampler = self._require_sampler()
+        return self._vllm if self._vllm is not None else sampler
+
+
+def _import_check(module: str) -> Check:
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:  # a broken install must show up as a failed check, not crash `doctor`
+        return Check(f"{module} importable", False, f"{type(exc).__name__}: {exc}; pip install 'openclaw-cli[local]'")
+    return Check(f"{module} importable", True, getattr(imported, "__version__", "unknown version"))
+
+
+def _model_check(settings: Settings) -> Check:
+    """Where the model would come from, without loading or converting it."""
+    from backends.local import model_loading as ml
+
+    spec = (settings.model or "").strip()
+    if not spec:
+        try:
+            gguf = ml.embedded_gguf_file()
+        except BackendError as exc:
+            return Check("model", False, str(exc))
+        converted = (ml.cache_root() / ml.EMBEDDED_CACHE_SUBDIR / "config.json").is_file()
+        state = "converted copy cached" if converted else "converts once on first start (about a minute)"
+        return Check("model", True, f"embedded SmolLM2-135M-Instruct from {gguf.name}; {state}")
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        ok = (local / "config.json").is_file()
+        return Check("model", ok, str(local) if ok else f"{local} has no config.json")
+    if local.is_file():
+        ok = local.suffix.lower() == ".gguf"
+        return Check("model", ok, str(local) if ok else f"{local} is a file but not a .gguf model")
+    if spec.startswith(("/", ".", "~")) or spec.endswith(".gguf"):
+        return Check("model", False, f"model path not found: {local}")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = isinstance(try_to_load_from_cache(spec, "config.json"), str)
+    except Exception as exc:  # invalid repo id and the like
+        return Check("model", False, f"{spec!r}: {exc}")
+    if cached:
+        return Check("model", True, f"{spec} (in the Hugging Face cache)")
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return Check("model", False, f"{spec} is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+    return Check("model", True, f"{spec} (not cached; downloads on first start)")

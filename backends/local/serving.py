@@ -1,0 +1,213 @@
+"""Serve several LoRA policy versions from ONE copy of the base model.
+
+Each LoRA-target linear of the served model is replaced by a :class:`VersionedLoraLinear` that computes
+``base(x) + scaling * B(A x)`` with the deltas of the version active *on the calling thread*. A request activates
+its version for as long as it runs (:meth:`PolicyVersions.activate`), so requests on different versions run
+concurrently over the same module tree, and a published version costs only its LoRA tensors. The arithmetic is
+PEFT's, so the sampler's log-probabilities match the trainer's at the same version (on-policy ratios ~1).
+
+Version 0 is the base model and is always servable. ``publish`` swaps the "current" pointer under a lock; a request
+holds a reference to its :class:`ServedVersion` from start to finish, so a version that falls out of the
+``keep`` window stays usable by requests already running and is freed when the last one lets go.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.local.lora_delta import LoraDelta, LoraWeights
+from openclaw_cli.backend import BackendError
+from openclaw_cli.types import PolicyVersion
+
+BASE_VERSION = 0
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """A servable policy: its public identity and its LoRA deltas (empty for the base model)."""
+
+    info: PolicyVersion
+    weights: LoraWeights = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        return self.info.version
+
+
+class VersionedLoraLinear(nn.Module):
+    """A base linear layer plus the LoRA delta of whichever version the current thread has activated."""
+
+    def __init__(self, base: nn.Linear, key: str, active: threading.local) -> None:
+        super().__init__()
+        self.base = base
+        self.key = key
+        self._active = active
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:  # some HF code reads `.weight.dtype` of projections
+        return self.base.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.base(x)
+        served: ServedVersion | None = getattr(self._active, "served", None)
+        if served is None:
+            return result
+        delta = served.weights.get(self.key)
+        if delta is None:
+            return result
+        # PEFT's order of operations: the delta in the adapter's dtype, added, then cast back to the layer's dtype.
+        lora = F.linear(F.linear(x.to(delta.a.dtype), delta.a), delta.b) * delta.scaling
+        return (result + lora).to(result.dtype)
+
+
+def matches_target(module_name: str, targets: list[str]) -> bool:
+    """PEFT's rule for a list of target names: the full name or its last dotted components equal a target."""
+    return any(module_name == t or module_name.endswith("." + t) for t in targets)
+
+
+def install_versioned_lora(
+    model: nn.Module, targets: list[str], active: threading.local
+) -> dict[str, VersionedLoraLinear]:
+    """Replace every ``nn.Linear`` named by ``targets`` with a :class:`VersionedLoraLinear`; returns them by path.
+
+    Paths are the module paths in the unwrapped model (e.g. ``model.layers.0.self_attn.q_proj``), the keys the
+    trainer uses in :data:`LoraWeights`. A model can be wrapped once (one registry routes its layers).
+    """
+    modules = list(model.named_modules())
+    if any(isinstance(m, VersionedLoraLinear) for _, m in modules):
+        raise ValueError("this model already has versioned LoRA layers; serve it through one PolicyVersions")
+    wrapped: dict[str, VersionedLoraLinear] = {}
+    linear_names: list[str] = []
+    for name, module in modules:
+        if not isinstance(module, nn.Linear):
+            continue
+        linear_names.append(name)
+        if not matches_target(name, targets):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer = VersionedLoraLinear(module, name, active)
+        setattr(parent, child, layer)
+        wrapped[name] = layer
+    if not wrapped:
+        suffixes = sorted({n.rpartition(".")[2] for n in linear_names})
+        raise BackendError(
+            f"no linear layer of the model matches the LoRA targets {targets}; "
+            f"its linear layers are named {', '.join(suffixes) or '(none)'}"
+        )
+    return wrapped
+
+
+class PolicyVersions:
+    """The servable versions of one served model: the base (0) and the last ``keep`` published ones."""
+
+    def __init__(self, model: nn.Module, targets: list[str], *, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._active = threading.local()
+        self._layers = install_versioned_lora(model, targets, self._active)
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._base = ServedVersion(PolicyVersion(BASE_VERSION, "base"))
+        self._published: OrderedDict[int, ServedVersion] = OrderedDict()
+        self._current = self._base
+        self._latest_number = BASE_VERSION
+
+    @property
+    def layer_keys(self) -> list[str]:
+        return list(self._layers)
+
+    def current(self) -> PolicyVersion:
+        return self._current.info
+
+    def servable(self) -> list[int]:
+        with self._lock:
+            return [BASE_VERSION, *self._published]
+
+    def publish(self, weights: LoraWeights, name: str | None = None, *, version: int | None = None) -> PolicyVersion:
+        """Make ``weights`` the current policy under the next version number and return its identity.
+
+        ``version`` asks for a specific number (resuming from a checkpoint); it is honoured when it is above every
+        number used so far, else the next number is used, so numbers only grow and "newer" stays meaningful.
+        """
+        prepared = self._prepare(weights)
+        with self._lock:
+            number = self._latest_number + 1
+            if version is not None and version > self._latest_number:
+                number = version
+            info = PolicyVersion(number, name or f"v{number}", time.time())
+            served = ServedVersion(info, prepared)
+            self._published[number] = served
+            while len(self._published) > self._keep:
+                # Dropping our reference is enough: requests pinned to it keep it alive until they finish.
+                self._published.popitem(last=False)
+            self._latest_number = number
+            self._current = served
+        return info
+
+    def acquire(self, version: int | None = None) -> ServedVersion:
+        """Pin a version for one request: the current one by default, else the given number."""
+        with self._lock:
+            if version is None:
+                return self._current
+            if version == BASE_VERSION:
+                return self._base
+            served = self._published.get(version)
+            if served is None:
+                known = ", ".join(str(v) for v in [BASE_VERSION, *self._published])
+                raise BackendError(
+                    f"policy version {version} is not servable; servable versions: {known}", status_code=400
+                )
+            return served
+
+    @contextmanager
+    def activate(self, served: ServedVersion) -> Iterator[None]:
+        """Route the wrapped layers to ``served`` for code running on this thread inside the block."""
+        previous = getattr(self._active, "served", None)
+        self._active.served = served if served.weights else None
+        try:
+            yield
+        finally:
+            self._active.served = previous
+
+    def _prepare(self, weights: LoraWeights) -> LoraWeights:
+        """Check keys and shapes against the wrapped layers and move the deltas to the layers' device."""
+        unknown = sorted(set(weights) - set(self._layers))
+        if unknown:
+            raise BackendError(
+                f"LoRA weights name layers the served model does not adapt: {', '.join(unknown[:5])}"
+                + (" …" if len(unknown) > 5 else "")
+            )
+        prepared: dict[str, LoraDelta] = {}
+        for key, delta in weights.items():
+            base = self._layers[key].base
+            rank = delta.a.shape[0]
+            if delta.a.shape != (rank, base.in_features) or delta.b.shape != (base.out_features, rank):
+                raise BackendError(
+                    f"LoRA delta for {key} has shapes A{tuple(delta.a.shape)} B{tuple(delta.b.shape)}; "
+                    f"the layer needs A[r, {base.in_features}] and B[{base.out_features}, r]"
+                )
+            device = base.weight.device
+            prepared[key] = LoraDelta(
+                a=delta.a.detach().to(device).clone(),
+                b=delta.b.detach().to(device).clone(),
+                scaling=float(delta.scaling),
+            )
+        return prepared
