@@ -1,0 +1,180 @@
+"""``openclaw export``: captured turns as JSONL, one turn per line.
+
+``--format messages`` gives each turn in OpenAI chat format (the prompt messages followed by the assistant reply)
+with its session/turn ids, type, status, next state and reward; ``--format tokens`` gives the exact prompt and
+completion token ids, the sampler's log-probs and the policy version: what training consumes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, TextIO
+
+import typer
+
+from openclaw_cli.settings import SettingsError, load_settings, parse_overrides
+from openclaw_cli.store import Store, StoreError, TurnRecord
+
+
+class ExportFormat(StrEnum):
+    messages = "messages"
+    tokens = "tokens"
+
+
+class TurnTypeFilter(StrEnum):
+    main = "main"
+    side = "side"
+
+
+@dataclass(frozen=True)
+class ExportFilters:
+    session_ids: tuple[str, ...] | None = None
+    turn_type: str | None = None
+    status: str | None = None
+    since: float | None = None
+
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """A start time as Unix seconds from: Unix seconds, an ISO date/datetime (no zone = local time), or an age
+    such as ``30m``, ``2h``, ``7d``."""
+    value = text.strip()
+    relative = _RELATIVE.match(value.lower())
+    if relative:
+        now = time.time() if now is None else now
+        return now - float(relative.group(1)) * _UNIT_SECONDS[relative.group(2)]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise ValueError(
+            f"--since expects Unix seconds, an ISO date/time (2026-05-01, 2026-05-01T12:00) or an age (30m, 2h, 7d); "
+            f"got {text!r}"
+        ) from None
+
+
+def messages_row(turn: TurnRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "session_id": turn.session_id,
+        "turn_id": turn.id,
+        "turn_index": turn.turn_index,
+        "parent_turn_id": turn.parent_turn_id,
+        "type": turn.turn_type,
+        "status": turn.status,
+        "reward": turn.reward,
+        "version": turn.version,
+        "model": turn.model,
+        "api": turn.api,
+        "finish_reason": turn.finish_reason,
+        "created_at": turn.created_at,
+        "messages": [*turn.messages, turn.assistant_message],
+    }
+    if turn.tools is not None:
+        row["tools"] = turn.tools
+    row["next_state"] = turn.next_state
+    row["next_state_role"] = turn.next_state_role
+    return row
+
+
+def tokens_row(turn: TurnRecord) -> dict[str, Any]:
+    return {
+        "session_id": turn.session_id,
+        "turn_id": turn.id,
+        "turn_index": turn.turn_index,
+        "type": turn.turn_type,
+        "status": turn.status,
+        "reward": turn.reward,
+        "version": turn.version,
+        "finish_reason": turn.finish_reason,
+        "prompt_tokens": turn.prompt_tokens,
+        "completion_tokens": turn.completion_tokens,
+        "logprobs": turn.logprobs,
+        "sampling_logprobs": turn.sampling_logprobs,
+    }
+
+
+def export_turns(store: Store, fmt: ExportFormat, filters: ExportFilters, out: TextIO) -> int:
+    """Write one JSON line per matching turn (id order); returns how many."""
+    to_row = messages_row if fmt is ExportFormat.messages else tokens_row
+    count = 0
+    for turn in store.iter_turns(
+        session_ids=filters.session_ids, turn_type=filters.turn_type, status=filters.status, since=filters.since
+    ):
+        out.write(json.dumps(to_row(turn), ensure_ascii=False, separators=(",", ":")))
+        out.write("\n")
+        count += 1
+    return count
+
+
+@contextmanager
+def _open_output(path: Path | None) -> Iterator[TextIO]:
+    if path is None:
+        yield sys.stdout
+        return
+    # The export holds whole conversations: owner-only, like the store itself.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        yield handle
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=1)
+
+
+def export_command(
+    format: Annotated[
+        ExportFormat, typer.Option("--format", "-f", help="messages: OpenAI chat format; tokens: token ids.")
+    ] = ExportFormat.messages,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")] = None,
+    session: Annotated[list[str] | None, typer.Option("--session", help="Only this session id (repeatable).")] = None,
+    turn_type: Annotated[TurnTypeFilter | None, typer.Option("--type", help="Only main or side turns.")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="Only turns in this status (pending, ready, …).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only turns captured since: Unix seconds, ISO date/time, or 2h/7d.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Config file (default ./openclaw.toml).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
+) -> None:
+    """Export captured turns as JSONL."""
+    try:
+        settings = load_settings(parse_overrides(set_ or []), config=config)
+        filters = ExportFilters(
+            session_ids=tuple(session) if session else None,
+            turn_type=turn_type.value if turn_type is not None else None,
+            status=status,
+            since=parse_since(since) if since is not None else None,
+        )
+    except (SettingsError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    try:
+        store = Store(settings.store.path, create=False)
+    except StoreError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        with _open_output(out) as handle:
+            count = export_turns(store, format, filters, handle)
+    except OSError as exc:
+        raise _fail(f"cannot write {out}: {exc}") from None
+    finally:
+        store.close()
+    if out is not None:
+        typer.echo(f"exported {count} turns to {out}", err=True)
