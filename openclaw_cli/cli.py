@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from openclaw_cli import __version__
 from openclaw_cli.backend import BackendError, Check, available_backends, diagnose_backend
@@ -106,7 +107,16 @@ class OpenclawGroup(TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        # Recent typer vendors its own click: its Exit/Abort/usage errors are not the click package's classes.
+        # Both kinds carry their own exit code and message, so let them through untouched.
+        except (
+            typer.Exit,
+            typer.Abort,
+            TyperException,
+            click.exceptions.Exit,
+            click.exceptions.Abort,
+            click.ClickException,
+        ):
             raise
         except SettingsError as exc:
             _print_error_lines(str(exc))

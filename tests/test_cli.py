@@ -503,3 +503,14 @@ def test_python_dash_m_runs_the_cli(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"openclaw-cli {__version__}"
+
+
+def test_usage_errors_and_exits_inside_commands_keep_their_own_message(tmp_path):
+    """typer vendors its own click: its usage errors and Exit must not be reported as 'unexpected'."""
+    bad_choice = invoke("export", "--format", "bogus")
+    assert bad_choice.exit_code == 2
+    assert "unexpected" not in bad_choice.output
+    missing_store = invoke("export", "--set", f"store.path={tmp_path / 'none.sqlite3'}")
+    assert missing_store.exit_code == 1
+    assert "no store at" in missing_store.stderr
+    assert "unexpected" not in missing_store.stderr
