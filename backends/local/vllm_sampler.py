@@ -1,0 +1,370 @@
+"""Serve the local policy with vLLM's in-process async engine, LoRA versions hot-loaded as adapters.
+
+Selected only when ``vllm`` imports and CUDA is available (:func:`vllm_available`); vLLM is imported lazily inside
+functions so this module imports on any machine. Each published policy is written as a PEFT-format adapter dir
+and served as a new ``LoRARequest(name, id, path)``; the base model is version 0 (no LoRA request). A request pins
+its ``LoRARequest`` when it starts, so publishing never changes the weights of a request already running.
+
+Log-probabilities: vLLM is asked for ``logprobs=0`` (the sampled token only) with ``logprobs_mode="raw_logprobs"``
+(vLLM's default), i.e. ``log_softmax`` of the model's raw logits — temperature 1, before penalties, top-k and
+top-p. That is :attr:`SampleResult.logprobs`, the same quantity a teacher-forced forward pass of the same policy
+version computes. The distribution actually sampled from (after temperature/top-p) is not reported by vLLM in the
+same run, so :attr:`SampleResult.sampling_logprobs` is left empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import shutil
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backends.local.lora_delta import LoraWeights
+from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
+
+if TYPE_CHECKING:
+    from openclaw_cli.settings import Settings
+
+BASE_VERSION = 0
+PEFT_PREFIX = "base_model.model."
+# vLLM pre-compiles its LoRA kernels for these ranks; the engine's max_lora_rank must be one of them.
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.45  # the LoRA trainer shares the GPU: leave it most of the rest
+
+
+def vllm_available() -> tuple[bool, str]:
+    """Whether the vLLM sampler can run here, and why not when it cannot."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False, "vllm is not installed (pip install 'openclaw-cli[vllm]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA device is available"
+    return True, "vllm and CUDA are available"
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM supports that holds ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise BackendError(f"LoRA rank {rank} exceeds vLLM's largest supported rank {VLLM_LORA_RANKS[-1]}")
+
+
+def write_peft_adapter(weights: LoraWeights, out_dir: Path, base_model: str | Path) -> Path:
+    """Write ``weights`` as a PEFT LoRA adapter dir (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+    The keys of ``weights`` are module paths in the base model, so each becomes
+    ``base_model.model.<path>.lora_{A,B}.weight``; ``lora_alpha = scaling * r`` so ``alpha / r`` gives back the
+    scaling. One rank and one scaling for every layer (what one LoRA config trains) is required.
+    """
+    from safetensors.torch import save_file
+
+    if not weights:
+        raise BackendError("cannot publish an empty LoRA adapter")
+    ranks = Counter(delta.a.shape[0] for delta in weights.values())
+    scalings = Counter(round(float(delta.scaling), 9) for delta in weights.values())
+    if len(ranks) != 1 or len(scalings) != 1:
+        raise BackendError(
+            f"LoRA layers disagree on rank {sorted(ranks)} or scaling {sorted(scalings)}; one adapter needs one"
+        )
+    rank, scaling = next(iter(ranks)), next(iter(scalings))
+    tensors = {}
+    for key, delta in weights.items():
+        tensors[f"{PEFT_PREFIX}{key}.lora_A.weight"] = delta.a.detach().to("cpu").contiguous()
+        tensors[f"{PEFT_PREFIX}{key}.lora_B.weight"] = delta.b.detach().to("cpu").contiguous()
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base_model),
+        "r": rank,
+        "lora_alpha": scaling * rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        # Leaf names, the form every PEFT and vLLM version accepts; the saved tensors say which layers.
+        "target_modules": sorted({key.rpartition(".")[2] for key in weights}),
+        "modules_to_save": None,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+@dataclass
+class _Served:
+    info: PolicyVersion
+    lora: Any  # vllm LoRARequest, None for the base model
+    path: Path | None
+    in_flight: int = 0
+
+
+class VLLMSampler:
+    """Token-id sampling and streaming from vLLM's ``AsyncLLM`` with LoRA versions.
+
+    ``model_path`` is a local HF-style dir (``LoadedModel.path``); ``adapter_dir`` receives one PEFT adapter dir
+    per published version (kept while the version is servable or a request still uses it).
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        tokenizer: ChatTokenizer,
+        settings: Settings,
+        *,
+        adapter_dir: Path,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.adapter_dir = Path(adapter_dir)
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self._engine: Any = None
+        self._keep = settings.local.keep_versions
+        self._base = _Served(PolicyVersion(BASE_VERSION, "base"), None, None)
+        self._published: OrderedDict[int, _Served] = OrderedDict()
+        self._retired: list[_Served] = []
+        self._current = self._base
+        self._latest = BASE_VERSION
+        self._lora_ids = itertools.count(1)  # vLLM needs a positive, unique integer id per adapter
+        self._publish_lock = asyncio.Lock()  # version numbers are handed out in publish order
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        ok, why = vllm_available()
+        if not ok:
+            raise BackendError(f"the vLLM sampler cannot run: {why}")
+        import torch
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from backends.local.model_loading import resolve_dtype
+
+        local = self.settings.local
+        args: dict[str, Any] = {
+            "model": str(self.model_path),
+            "tokenizer": str(self.model_path),
+            # The torch side's rule (bf16 on CUDA when supported), so both samplers compute the same numbers.
+            "dtype": str(resolve_dtype(local.dtype, torch.device("cuda"))).removeprefix("torch."),
+            "seed": local.seed,
+            "max_model_len": self.tokenizer.context_length,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enable_lora": True,
+            "max_lora_rank": vllm_max_lora_rank(self.settings.lora.rank),
+            # Every servable version may be batched together; +1 slot for versions still finishing requests.
+            "max_loras": self._keep + 1,
+            "max_cpu_loras": self._keep + 1,
+            "max_num_seqs": max(local.max_concurrent_requests, 1) * 4,
+        }
+        known = set(AsyncEngineArgs.__dataclass_fields__)
+        if "logprobs_mode" in known:  # pin the documented distribution where the option exists (vLLM >= 0.10.2)
+            args["logprobs_mode"] = "raw_logprobs"
+        try:
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        except Exception as exc:  # engine start failures are many (OOM, unsupported arch); one clear line
+            raise BackendError(f"vLLM could not start on {self.model_path}: {exc}") from exc
+        self.adapter_dir.mkdir(parents=True, exist_ok=True)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    # --- versions -------------------------------------------------------------------------------------------
+
+    def current_version(self) -> PolicyVersion:
+        return self._current.info
+
+    def servable(self) -> list[int]:
+        return [BASE_VERSION, *self._published]
+
+    async def publish(self, weights: LoraWeights, name: str | None = None) -> PolicyVersion:
+        """Write ``weights`` as a PEFT adapter, load it into vLLM, then make it current (atomic for callers)."""
+        async with self._publish_lock:
+            return await self._publish(weights, name)
+
+    async def _publish(self, weights: LoraWeights, name: str | None) -> PolicyVersion:
+        from vllm.lora.request import LoRARequest
+
+        engine = self._require_engine()
+        number = self._latest + 1
+        info = PolicyVersion(number, name or f"v{number}", time.time())
+        path = self.adapter_dir / f"v{number}-{uuid.uuid4().hex[:8]}"
+        await asyncio.to_thread(write_peft_adapter, weights, path, self.model_path)
+        lora = LoRARequest(lora_name=f"openclaw-v{number}", lora_int_id=next(self._lora_ids), lora_path=str(path))
+        try:
+            await engine.add_lora(lora)  # load before switching, so the first request on it pays nothing
+        except Exception as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise BackendError(f"vLLM rejected the LoRA adapter for version {number}: {exc}") from exc
+        served = _Served(info, lora, path)
+        self._published[number] = served
+        self._latest = number
+        self._current = served
+        while len(self._published) > self._keep:
+            _, old = self._published.popitem(last=False)
+            self._retired.append(old)
+        await self._free_retired()
+        return info
+
+    def _acquire(self, version: int | None) -> _Served:
+        if version is None:
+            served = self._current
+        elif version == BASE_VERSION:
+            served = self._base
+        elif version in self._published:
+            served = self._published[version]
+        else:
+            known = ", ".join(str(v) for v in self.servable())
+            raise BackendError(f"policy version {version} is not servable; servable versions: {known}", status_code=400)
+        served.in_flight += 1
+        return served
+
+    async def _release(self, served: _Served) -> None:
+        served.in_flight -= 1
+        if served in self._retired:
+            await self._free_retired()
+
+    async def _free_retired(self) -> None:
+        """Unload retired versions nobody uses any more and delete their adapter dirs."""
+        engine = self._engine
+        for served in [s for s in self._retired if s.in_flight == 0]:
+            self._retired.remove(served)
+            if engine is not None and served.lora is not None:
+                # It may already be evicted by vLLM's LRU, then there is nothing left to free.
+                with contextlib.suppress(Exception):
+                    await engine.remove_lora(served.lora.lora_int_id)
+            if served.path is not None:
+                shutil.rmtree(served.path, ignore_errors=True)
+
+    # --- sampling -------------------------------------------------------------------------------------------
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        result: SampleResult | None = None
+        async for event in self.stream(prompt_tokens, params, version):
+            if isinstance(event, SampleResult):
+                result = event
+        if result is None:  # the stream always ends with a SampleResult unless vLLM broke its contract
+            raise BackendError("vLLM returned no completion", retryable=True)
+        return result
+
+    async def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """Yield a :class:`TokenChunk` per sampled token, then one :class:`SampleResult` (the whole completion)."""
+        engine = self._require_engine()
+        from vllm.inputs import TokensPrompt
+
+        if not prompt_tokens:
+            raise BackendError("the prompt is empty", status_code=400)
+        room = self.tokenizer.context_length - len(prompt_tokens)
+        if room < 1:
+            raise BackendError(
+                f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.tokenizer.context_length}",
+                status_code=400,
+            )
+        served = self._acquire(version)
+        started = time.time()
+        first_token_at = 0.0
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        text_parts: list[str] = []
+        finish_reason: str | None = None
+        stop_reason: Any = None
+        try:
+            request = engine.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_tokens)),
+                self._vllm_params(params, min(params.max_tokens, room)),
+                request_id=f"openclaw-{uuid.uuid4().hex}",
+                lora_request=served.lora,
+            )
+            # Closing vLLM's generator aborts the request when our caller stops listening (client disconnect).
+            async with contextlib.aclosing(request):
+                async for output in request:
+                    completion = output.outputs[0]
+                    new_ids = list(completion.token_ids)
+                    new_logprobs = _sampled_logprobs(completion.logprobs, new_ids)
+                    if new_ids and not first_token_at:
+                        first_token_at = time.time()
+                    for i, (token_id, logprob) in enumerate(zip(new_ids, new_logprobs, strict=True)):
+                        # vLLM's delta text belongs to the step as a whole; give it to the step's last token.
+                        text = completion.text if i == len(new_ids) - 1 else ""
+                        yield TokenChunk(token_id=token_id, logprob=logprob, text=text, version=served.info.version)
+                    tokens.extend(new_ids)
+                    logprobs.extend(new_logprobs)
+                    text_parts.append(completion.text)
+                    if output.finished:
+                        finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
+        finally:
+            await self._release(served)
+        if finish_reason not in ("stop", "length"):
+            raise BackendError(f"vLLM ended the request with finish reason {finish_reason!r}", retryable=True)
+        yield SampleResult(
+            tokens=tokens,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            version=served.info.version,
+            text="".join(text_parts),
+            stop_sequence=stop_reason if isinstance(stop_reason, str) else None,
+            prompt_tokens=len(prompt_tokens),
+            started_at=started,
+            first_token_at=first_token_at or time.time(),
+            finished_at=time.time(),
+        )
+
+    def _vllm_params(self, params: SamplingParams, max_tokens: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+        stop_ids = sorted({*params.stop_token_ids, *self.tokenizer.eos_token_ids})
+        kwargs: dict[str, Any] = {
+            "n": 1,
+            "max_tokens": max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stop": list(params.stop) or None,
+            "stop_token_ids": stop_ids,
+            "seed": params.seed,
+            "logprobs": 0,  # the sampled token's logprob only (see module doc for which distribution)
+            "output_kind": RequestOutputKind.DELTA,
+            "skip_special_tokens": True,
+        }
+        if params.top_k > 0:
+            kwargs["top_k"] = params.top_k
+        return VllmSamplingParams(**kwargs)
+
+    def _require_engine(self) -> Any:
+        if self._engine is None:
+            raise BackendError("the vLLM sampler is not started", retryable=True)
+        return self._engine
+
+
+def _sampled_logprobs(position_logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The sampled token's logprob at each position from vLLM's per-position ``{token_id: Logprob}`` maps."""
+    if not token_ids:  # a step without new tokens (vLLM then hands back the whole list, not an empty slice)
+        return []
+    if position_logprobs is None:
+        raise BackendError("vLLM returned no logprobs although they were requested")
+    values = []
+    for position, token_id in zip(position_logprobs, token_ids, strict=True):
+        entry = position[token_id]
+        values.append(float(entry.logprob))
+    return values

@@ -1,0 +1,182 @@
+"""The vLLM sampler: adapter format and rank rules on any machine; the engine itself only with CUDA + vllm."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.local.lora_delta import LoraDelta
+from backends.local.vllm_sampler import (
+    VLLMSampler,
+    vllm_available,
+    vllm_max_lora_rank,
+    write_peft_adapter,
+)
+from openclaw_cli.backend import BackendError
+from openclaw_cli.settings import Settings
+from openclaw_cli.types import SampleResult, SamplingParams, TokenChunk
+
+TARGETS = ("q_proj", "v_proj", "down_proj")
+
+
+def _random_lora(model: torch.nn.Module, rank: int, scaling: float, seed: int = 1) -> dict[str, LoraDelta]:
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rpartition(".")[2] in TARGETS:
+            a = torch.randn(rank, module.in_features, generator=generator) * 0.1
+            b = torch.randn(module.out_features, rank, generator=generator) * 0.1
+            weights[name] = LoraDelta(a=a, b=b, scaling=scaling)
+    return weights
+
+
+def _merged_logits(model_dir: Path, weights: dict[str, LoraDelta], ids: torch.Tensor) -> torch.Tensor:
+    """Logits of the base model with W + scaling * B @ A written into each adapted layer by hand."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for key, delta in weights.items():
+            layer = model.get_submodule(key)
+            layer.weight += delta.scaling * (delta.b @ delta.a)
+        return model(ids).logits
+
+
+def test_peft_adapter_round_trips_through_peft(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    weights = _random_lora(base, rank=4, scaling=2.5)
+    adapter = write_peft_adapter(weights, tmp_path / "adapter", tiny_model_dir)
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 10.0, "LORA")
+    assert config["target_modules"] == sorted(TARGETS)
+
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250]])
+    peft_model = PeftModel.from_pretrained(base, adapter)
+    peft_model.eval()
+    with torch.no_grad():
+        served = peft_model(ids).logits
+    expected = _merged_logits(tiny_model_dir, weights, ids)
+    base_only = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)(ids).logits
+    assert (expected - base_only).abs().max() > 1e-3  # the adapter really changes the output
+    torch.testing.assert_close(served, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_adapter_needs_one_rank_and_scaling(tmp_path: Path) -> None:
+    mixed = {
+        "model.layers.0.self_attn.q_proj": LoraDelta(torch.zeros(4, 8), torch.zeros(8, 4), 1.0),
+        "model.layers.0.self_attn.v_proj": LoraDelta(torch.zeros(2, 8), torch.zeros(8, 2), 1.0),
+    }
+    with pytest.raises(BackendError, match="disagree on rank"):
+        write_peft_adapter(mixed, tmp_path / "a", "base")
+    with pytest.raises(BackendError, match="empty"):
+        write_peft_adapter({}, tmp_path / "b", "base")
+
+
+def test_vllm_lora_rank_rounds_up_to_a_compiled_rank() -> None:
+    assert [vllm_max_lora_rank(r) for r in (1, 8, 9, 32, 33, 300, 512)] == [8, 8, 16, 32, 64, 320, 512]
+    with pytest.raises(BackendError, match="exceeds"):
+        vllm_max_lora_rank(513)
+
+
+def test_availability_explains_itself() -> None:
+    ok, why = vllm_available()
+    if importlib.util.find_spec("vllm") is None:
+        assert not ok and "vllm is not installed" in why
+    elif not torch.cuda.is_available():
+        assert not ok and why == "no CUDA device is available"
+    else:
+        assert ok
+
+
+async def test_start_without_vllm_or_cuda_is_a_clear_error(tiny_tokenizer, tmp_path: Path) -> None:
+    ok, why = vllm_available()
+    if ok:
+        pytest.skip("vllm and CUDA are present; the GPU test covers start()")
+    sampler = VLLMSampler(tmp_path, tiny_tokenizer, Settings(), adapter_dir=tmp_path / "adapters")
+    with pytest.raises(BackendError, match=re.escape("the vLLM sampler cannot run: " + why)):
+        await sampler.start()
+    with pytest.raises(BackendError, match="not started"):
+        await sampler.sample([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+# --- on a GPU with vllm ----------------------------------------------------------------------------------------
+
+_OK, _WHY = vllm_available()
+
+
+@pytest.fixture(scope="module")
+def gpu_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 with head_dim 64 (vLLM's attention kernels want a common head size)."""
+    from openclaw_cli.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    directory = tmp_path_factory.mktemp("vllm-tiny")
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(len(tok), hidden=256)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    tok.save_pretrained(directory)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _OK, reason=f"needs vllm and CUDA: {_WHY}")
+async def test_vllm_samples_with_raw_logprobs_and_hot_loads_lora(gpu_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from openclaw_cli.tokenizer import HFChatTokenizer
+
+    tokenizer = HFChatTokenizer.from_pretrained(gpu_model_dir, context_length=4096)
+    settings = Settings(model=str(gpu_model_dir), lora={"rank": 4}, local={"dtype": "float32", "keep_versions": 2})
+    sampler = VLLMSampler(
+        gpu_model_dir, tokenizer, settings, adapter_dir=tmp_path / "adapters", gpu_memory_utilization=0.2
+    )
+    await sampler.start()
+    try:
+        prompt = tokenizer.render([{"role": "user", "content": "Hello!"}])
+        greedy = SamplingParams(max_tokens=8, temperature=0.0)
+
+        events = [e async for e in sampler.stream(prompt, greedy)]
+        result = events[-1]
+        assert isinstance(result, SampleResult) and result.version == 0
+        chunks = [e for e in events[:-1] if isinstance(e, TokenChunk)]
+        assert [c.token_id for c in chunks] == result.tokens and len(result.tokens) == len(result.logprobs)
+
+        def teacher_forced(tokens: list[int], weights: dict[str, LoraDelta] | None) -> list[float]:
+            ids = torch.tensor([prompt + tokens])
+            if weights:
+                logits = _merged_logits(gpu_model_dir, weights, ids)
+            else:
+                logits = AutoModelForCausalLM.from_pretrained(gpu_model_dir, dtype=torch.float32)(ids).logits
+            logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1].double(), dim=-1)
+            return logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+
+        with torch.no_grad():
+            assert result.logprobs == pytest.approx(teacher_forced(result.tokens, None), abs=2e-3)
+
+        base_model = AutoModelForCausalLM.from_pretrained(gpu_model_dir)
+        weights = _random_lora(base_model, rank=4, scaling=2.0)
+        version = await sampler.publish(weights, "first")
+        assert version.version == 1 and sampler.current_version().version == 1
+        tuned = await sampler.sample(prompt, greedy)
+        assert tuned.version == 1
+        with torch.no_grad():
+            assert tuned.logprobs == pytest.approx(teacher_forced(tuned.tokens, weights), abs=2e-3)
+
+        again = await sampler.sample(prompt, greedy, version=0)  # the base stays servable
+        assert again.tokens == result.tokens
+        for _ in range(2):
+            await sampler.publish(weights)
+        assert sampler.servable() == [0, 2, 3]
+        assert not any(p.name.startswith("v1-") for p in (tmp_path / "adapters").iterdir())
+    finally:
+        await sampler.close()
