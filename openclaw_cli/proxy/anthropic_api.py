@@ -1,0 +1,373 @@
+"""Anthropic Messages: ``POST /v1/messages`` (plain and streamed) and ``POST /v1/messages/count_tokens``.
+
+Accepted: model, max_tokens, messages (text / image / tool_use / tool_result / thinking / redacted_thinking
+blocks), system (string or text blocks), tools (client tools with input_schema), tool_choice, stop_sequences,
+temperature, top_p, top_k, metadata.user_id, stream. ``thinking``, ``context_management``, ``output_config``,
+``cache_control`` and any other unknown field are accepted and ignored, as are the ``anthropic-version`` /
+``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any/tool and ``disable_parallel_tool_use``
+are not enforced (no constrained decoding; every call the model writes is returned, so stored tokens match).
+
+A streamed reply is the full event sequence, token by token: ``message_start``, ``ping``, then per content block
+``content_block_start`` / ``content_block_delta`` (``thinking_delta`` | ``text_delta`` | ``input_json_delta``) /
+``content_block_stop``, then ``message_delta`` (stop_reason, stop_sequence, usage) and ``message_stop``. A failure
+after the stream has started is sent as ``event: error``. Thinking blocks carry an empty ``signature``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from openclaw_cli.backend import BackendError
+from openclaw_cli.proxy.anthropic_convert import (
+    anthropic_tool_id,
+    apply_tool_choice,
+    to_openai_messages,
+    to_openai_tools,
+)
+from openclaw_cli.proxy.capture_handoff import build_exchange
+from openclaw_cli.proxy.completion import (
+    PreparedPrompt,
+    SamplingRequest,
+    assistant_message,
+    parser_for,
+    prepare_prompt,
+    render_prompt,
+    sample_choices,
+    split_completion,
+    tool_input,
+)
+from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
+from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
+from openclaw_cli.proxy.models import ResolvedModel
+from openclaw_cli.proxy.sse import SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
+from openclaw_cli.proxy.state import ProxyState, proxy_state
+from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece, ToolCallPiece
+from openclaw_cli.proxy.validation import get_field, get_number, read_json_body, string_list
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, ToolCall
+
+log = logging.getLogger("openclaw.proxy.anthropic")
+router = APIRouter()
+
+
+@dataclass
+class MessagesRequest:
+    body: dict[str, Any]
+    model: ResolvedModel
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    tools_offered: bool
+    sampling: SamplingRequest
+    stream: bool = False
+    message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
+    started_at: float = field(default_factory=time.time)
+
+
+def _conversation(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, Any]] | None, bool]:
+    get_field(body, "messages", list, required=True)
+    messages = to_openai_messages(body.get("system"), body["messages"])
+    tools, offered = apply_tool_choice(to_openai_tools(body.get("tools")), body.get("tool_choice"))
+    return messages, tools, offered
+
+
+def parse_messages_request(body: dict[str, Any], state: ProxyState) -> MessagesRequest:
+    model = state.catalog.resolve(get_field(body, "model", str, required=True))
+    max_tokens = get_number(body, "max_tokens", low=1, integer=True)
+    if max_tokens is None:
+        raise ProxyError(400, "missing required parameter 'max_tokens'", param="max_tokens")
+    messages, tools, offered = _conversation(body)
+    metadata = get_field(body, "metadata", dict) or {}
+    if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
+        raise ProxyError(400, "metadata.user_id must be a string", param="metadata")
+    top_k = get_number(body, "top_k", low=0, integer=True)
+    sampling = SamplingRequest(
+        max_tokens=int(max_tokens),
+        temperature=get_number(body, "temperature", low=0, high=1),
+        top_p=get_number(body, "top_p", low=0, high=1),
+        top_k=int(top_k) if top_k else None,  # Anthropic's top_k 0 means "off", like our -1
+        stop=tuple(string_list(body, "stop_sequences")),
+    )
+    return MessagesRequest(
+        body=body,
+        model=model,
+        messages=messages,
+        tools=tools,
+        tools_offered=offered,
+        sampling=sampling,
+        stream=bool(get_field(body, "stream", bool)),
+    )
+
+
+# -- response pieces -----------------------------------------------------------------------------------------------
+
+
+def anthropic_calls(calls: list[ToolCall]) -> list[ToolCall]:
+    """Calls with ``toolu_`` ids and arguments normalised to the exact JSON of the ``input`` object the client
+    receives (so the stored assistant message matches what the client sends back next turn)."""
+    return [
+        ToolCall(anthropic_tool_id(c.id), c.name, json.dumps(tool_input(c.arguments), ensure_ascii=False))
+        for c in calls
+    ]
+
+
+def stop_reason_for(result: SampleResult, parsed: ParsedAssistant) -> tuple[str, str | None]:
+    if parsed.tool_calls:
+        return "tool_use", None
+    if result.finish_reason == "length":
+        return "max_tokens", None
+    if result.stop_sequence is not None:
+        return "stop_sequence", result.stop_sequence
+    return "end_turn", None
+
+
+def content_blocks(parsed: ParsedAssistant, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if parsed.reasoning:
+        blocks.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+    if parsed.content:
+        blocks.append({"type": "text", "text": parsed.content})
+    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)} for c in calls]
+    return blocks
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def message_body(
+    req: MessagesRequest,
+    blocks: list[dict[str, Any]],
+    stop: tuple[str | None, str | None],
+    usage_counts: dict[str, int],
+) -> dict[str, Any]:
+    return {
+        "id": req.message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": req.model.requested,
+        "content": blocks,
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
+        "usage": usage_counts,
+    }
+
+
+def response_headers(req: MessagesRequest, version: int) -> dict[str, str]:
+    return {"request-id": req.message_id, "x-openclaw-policy-version": str(version)}
+
+
+# -- endpoints -----------------------------------------------------------------------------------------------------
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> dict[str, int]:
+    state = proxy_state(request)
+    body = await read_json_body(request, state.settings.proxy.max_body_bytes)
+    state.catalog.resolve(get_field(body, "model", str, required=True))
+    messages, tools, _ = _conversation(body)
+    prompt = await render_prompt(state.backend, messages, tools)
+    return {"input_tokens": len(prompt)}
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request) -> Response:
+    state = proxy_state(request)
+    body = await read_json_body(request, state.settings.proxy.max_body_bytes)
+    req = parse_messages_request(body, state)
+    prepared = await prepare_prompt(
+        state.backend,
+        req.messages,
+        req.tools,
+        tools_offered=req.tools_offered,
+        sampling=req.sampling,
+        default_max_tokens=state.settings.proxy.default_max_tokens,
+    )
+    if req.stream:
+        stream = await open_stream(state, prepared)
+        return StreamingResponse(
+            _sse(request, state, req, prepared, stream),
+            media_type=SSE_MEDIA_TYPE,
+            headers={**SSE_HEADERS, **response_headers(req, stream.version)},
+            background=BackgroundTask(stream.close),
+        )
+    lease = state.lease()
+    try:
+        (result,) = await unless_disconnected(
+            request, sample_choices(state.backend, prepared, 1, retry_after_s=state.settings.proxy.retry_after_s)
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        lease.release()
+    parsed = split_completion(state.backend.tokenizer(), result.text, prepared.tools_offered)
+    calls = anthropic_calls(parsed.tool_calls)
+    stop = stop_reason_for(result, parsed)
+    body_out = message_body(
+        req, content_blocks(parsed, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
+    )
+    await _record(request, state, req, prepared, result, stop[0], assistant_message(parsed, calls), body_out, False)
+    return JSONResponse(body_out, headers=response_headers(req, result.version))
+
+
+async def _record(
+    request: Request,
+    state: ProxyState,
+    req: MessagesRequest,
+    prepared: PreparedPrompt,
+    result: SampleResult,
+    finish: str,
+    message: Message,
+    response: dict[str, Any],
+    stream: bool,
+) -> None:
+    exchange = build_exchange(
+        api="anthropic",
+        request=request,
+        body=req.body,
+        model=req.model,
+        prepared=prepared,
+        result=result,
+        finish_reason=finish,
+        message=message,
+        response=response,
+        started_at=req.started_at,
+        stream=stream,
+        request_id=req.message_id,
+    )
+    await state.recorder.record(exchange)
+
+
+class _Blocks:
+    """Tracks the open content block of a streamed message and writes the start/stop events around deltas."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None
+
+    def start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        frames = self.stop()
+        self.index += 1
+        self.open = kind
+        frames.append(
+            event_frame(
+                "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+            )
+        )
+        return frames
+
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        return event_frame("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def stop(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [event_frame("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def frames_for(self, piece: Piece) -> list[bytes]:
+        if isinstance(piece, ReasoningPiece):
+            frames = (
+                []
+                if self.open == "thinking"
+                else self.start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            )
+            return [*frames, self.delta({"type": "thinking_delta", "thinking": piece.text})]
+        if isinstance(piece, ContentPiece):
+            frames = [] if self.open == "text" else self.start("text", {"type": "text", "text": ""})
+            return [*frames, self.delta({"type": "text_delta", "text": piece.text})]
+        assert isinstance(piece, ToolCallPiece)
+        (call,) = anthropic_calls([piece.call])
+        frames = self.start("tool_use", {"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+        frames.append(self.delta({"type": "input_json_delta", "partial_json": call.arguments}))
+        return frames + self.stop()
+
+
+async def _sse(
+    request: Request, state: ProxyState, req: MessagesRequest, prepared: PreparedPrompt, stream: OpenStream
+) -> AsyncIterator[bytes]:
+    tokenizer = state.backend.tokenizer()
+    splitter = AssistantStreamSplitter(
+        parser_for(tokenizer, prepared.tools_offered),
+        tools_offered=prepared.tools_offered,
+        starts_in_reasoning=prepared.starts_in_reasoning,
+    )
+    blocks = _Blocks()
+    n_prompt = len(prepared.prompt_tokens)
+    start_message = message_body(req, [], (None, None), usage(n_prompt, 0))
+    try:
+        yield event_frame("message_start", {"type": "message_start", "message": start_message})
+        yield event_frame("ping", {"type": "ping"})
+        item = stream.first
+        while True:
+            if item is None:
+                yield event_frame("ping", {"type": "ping"})
+            else:
+                _, event = item
+                if isinstance(event, TokenChunk):
+                    for piece in splitter.feed(event.text):
+                        for frame in blocks.frames_for(piece):
+                            yield frame
+                else:
+                    for piece in splitter.finish():
+                        for frame in blocks.frames_for(piece):
+                            yield frame
+                    for frame in blocks.stop():
+                        yield frame
+                    await _finish(request, state, req, prepared, event, splitter.result())
+                    stop_reason, stop_sequence = stop_reason_for(event, splitter.result())
+                    yield event_frame(
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                            "usage": {"input_tokens": n_prompt, "output_tokens": len(event.tokens)},
+                        },
+                    )
+                    yield event_frame("message_stop", {"type": "message_stop"})
+            try:
+                item = await stream.events.__anext__()
+            except StopAsyncIteration:
+                break
+    except Exception as exc:
+        err = (
+            from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s)
+            if isinstance(exc, BackendError)
+            else from_unexpected(exc)
+        )
+        log.error("stream %s failed mid-way: %s", req.message_id, err.message)
+        yield event_frame("error", error_body(err, "anthropic"))
+    finally:
+        await stream.close()
+
+
+async def _finish(
+    request: Request,
+    state: ProxyState,
+    req: MessagesRequest,
+    prepared: PreparedPrompt,
+    result: SampleResult,
+    received: ParsedAssistant,
+) -> None:
+    """Record the streamed reply as the client received it, before the terminal events are sent."""
+    calls = anthropic_calls(received.tool_calls)
+    stop = stop_reason_for(result, received)
+    body = message_body(
+        req, content_blocks(received, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
+    )
+    await _record(request, state, req, prepared, result, str(stop[0]), assistant_message(received, calls), body, True)

@@ -1,0 +1,137 @@
+"""The proxy's FastAPI application: both chat APIs, model listing, health, status and session control.
+
+Every error leaves in the caller's API format (see :mod:`openclaw_cli.proxy.errors`), including 404/405 for
+unknown routes and unexpected exceptions, so an SDK always raises its own typed error rather than failing to parse.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openclaw_cli.backend import Backend, BackendError
+from openclaw_cli.capture import CaptureSink
+from openclaw_cli.proxy import anthropic_api, openai_api
+from openclaw_cli.proxy.auth import ApiKeyMiddleware
+from openclaw_cli.proxy.capture_handoff import CaptureRecorder
+from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response, from_backend_error, from_unexpected
+from openclaw_cli.proxy.models import ModelCatalog
+from openclaw_cli.proxy.state import ProxyState, proxy_state
+from openclaw_cli.settings import Settings
+
+log = logging.getLogger("openclaw.proxy")
+
+
+class _UnexpectedErrorMiddleware:
+    """Turns an exception that escaped a handler into a 500 in the caller's format (when no response has started)
+    instead of Starlette's plain-text page."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("unhandled error on %s", scope.get("path"))
+            if started:
+                raise
+            await error_response(from_unexpected(exc), api_for_path(scope["path"]))(scope, receive, send)
+
+
+def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -> FastAPI:
+    """The ASGI app serving ``backend`` (already started) and handing each completed reply to ``sink``."""
+    app = FastAPI(title="openclaw proxy", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.proxy = ProxyState(
+        backend=backend,
+        sink=sink,
+        settings=settings,
+        catalog=ModelCatalog.from_settings(settings),
+        recorder=CaptureRecorder(sink, timeout_s=settings.proxy.capture_timeout_s),
+    )
+    app.include_router(openai_api.router)
+    app.include_router(anthropic_api.router)
+    _add_control_routes(app)
+    _add_error_handlers(app)
+    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(_UnexpectedErrorMiddleware)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def on_proxy_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ProxyError)
+        return error_response(exc, api_for_path(request.url.path))
+
+    async def on_backend_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, BackendError)
+        retry_after = proxy_state(request).settings.proxy.retry_after_s
+        return error_response(from_backend_error(exc, retry_after_s=retry_after), api_for_path(request.url.path))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "not_found" if exc.status_code == 404 else "invalid_request"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return error_response(ProxyError(exc.status_code, message, kind=kind), api_for_path(request.url.path))
+
+    app.add_exception_handler(ProxyError, on_proxy_error)
+    app.add_exception_handler(BackendError, on_backend_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+
+def _add_control_routes(app: FastAPI) -> None:
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/openclaw/status")
+    async def status(request: Request) -> dict[str, Any]:
+        state = proxy_state(request)
+        version = state.backend.current_version()
+        body: dict[str, Any] = {
+            "backend": state.backend.name,
+            "served_model": state.catalog.served_name,
+            "model_names": state.catalog.names,
+            "policy_version": version.version,
+            "policy_name": version.name,
+            "in_flight": state.in_flight,
+            "requests_total": state.requests_total,
+            "captured": state.recorder.recorded,
+            "capture_failures": state.recorder.failed,
+            "uptime_s": round(time.time() - state.started_at, 3),
+        }
+        stats = getattr(state.sink, "stats", None)
+        if stats is not None:
+            try:
+                body["sink"] = stats()
+            except Exception as exc:  # status must answer even when the store is unhappy
+                body["sink"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return body
+
+    @app.post("/v1/openclaw/sessions/{session_id}/end")
+    async def end_session(request: Request, session_id: str) -> JSONResponse:
+        state = proxy_state(request)
+        end = getattr(state.sink, "end_session", None)
+        if end is None:
+            raise ProxyError(501, "this capture sink cannot end sessions", kind="unsupported")
+        ended = bool(await end(session_id))
+        return JSONResponse({"session_id": session_id, "ended": ended})

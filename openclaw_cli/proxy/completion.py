@@ -1,0 +1,168 @@
+"""The API-neutral part of serving one chat request: render the prompt, budget the reply, sample, split the text.
+
+Both API modules translate their request into OpenAI-format messages + tools + sampling knobs, call
+:func:`prepare_prompt`, and then either :func:`sample_choices` (one reply) or :func:`open_streams` (token by token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Any
+
+from openclaw_cli.backend import Backend, BackendError, ChatTokenizer
+from openclaw_cli.proxy.errors import ProxyError, from_backend_error
+from openclaw_cli.tokenizer import THINK_OPEN, ChatTemplateError
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, SamplingParams, StreamEvent, ToolCall
+
+
+@dataclass
+class SamplingRequest:
+    """Sampling knobs as the client gave them (None = not given)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class PreparedPrompt:
+    messages: list[Message]  # OpenAI format, exactly what was rendered
+    tools: list[dict[str, Any]] | None  # tools shown to the model (None = none)
+    tools_offered: bool  # whether tool calls are parsed out of the reply
+    prompt_tokens: list[int]
+    params: SamplingParams
+    starts_in_reasoning: bool  # the rendered prompt ends inside an open <think>
+
+
+async def render_prompt(backend: Backend, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    """Render with the model's chat template, off the event loop (a 20k-token prompt takes a while)."""
+    tokenizer = backend.tokenizer()
+    try:
+        return await asyncio.to_thread(tokenizer.render, messages, tools or None)
+    except ChatTemplateError as exc:
+        raise ProxyError(400, str(exc), param="messages") from None
+
+
+async def prepare_prompt(
+    backend: Backend,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None,
+    *,
+    tools_offered: bool,
+    sampling: SamplingRequest,
+    default_max_tokens: int,
+) -> PreparedPrompt:
+    """Render and budget one request.
+
+    The reply budget is the client's max_tokens (or ``default_max_tokens``) capped by what the context window has
+    left, rather than refusing: agents such as Claude Code ask for 32k output tokens by default, far beyond a small
+    model's window. A prompt that leaves no room at all is a 400 ("context_length_exceeded").
+    """
+    tokenizer = backend.tokenizer()
+    prompt = await render_prompt(backend, messages, tools)
+    context = int(tokenizer.context_length)
+    room = context - len(prompt)
+    if room < 1:
+        raise ProxyError(
+            400,
+            f"prompt is {len(prompt)} tokens but the model's context window is {context} tokens "
+            "(at least 1 token must be left for the reply); shorten the conversation",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    budget = min(sampling.max_tokens or default_max_tokens, room)
+    try:
+        params = SamplingParams(
+            max_tokens=budget,
+            temperature=1.0 if sampling.temperature is None else float(sampling.temperature),
+            top_p=1.0 if sampling.top_p is None else float(sampling.top_p),
+            top_k=-1 if sampling.top_k is None else int(sampling.top_k),
+            stop=sampling.stop,
+            seed=sampling.seed,
+        )
+    except ValueError as exc:
+        raise ProxyError(400, str(exc)) from None
+    return PreparedPrompt(
+        messages=messages,
+        tools=tools or None,
+        tools_offered=tools_offered and bool(tools),
+        prompt_tokens=prompt,
+        params=params,
+        starts_in_reasoning=_ends_in_open_think(tokenizer, prompt),
+    )
+
+
+def _ends_in_open_think(tokenizer: ChatTokenizer, prompt: list[int]) -> bool:
+    tail = tokenizer.decode(prompt[-8:]).rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index`` of an n>1 request: a distinct seed per choice, so seeded choices are not all identical."""
+    if index == 0 or params.seed is None:
+        return params
+    return SamplingParams(**{**params.__dict__, "seed": params.seed + index})
+
+
+async def sample_choices(
+    backend: Backend, prepared: PreparedPrompt, n: int, *, retry_after_s: int
+) -> list[SampleResult]:
+    """``n`` complete replies, sampled concurrently; a backend failure becomes the matching ProxyError."""
+    calls = [backend.sample(prepared.prompt_tokens, choice_params(prepared.params, i)) for i in range(n)]
+    try:
+        return list(await asyncio.gather(*calls))
+    except BackendError as exc:
+        raise from_backend_error(exc, retry_after_s=retry_after_s) from None
+
+
+def open_streams(backend: Backend, prepared: PreparedPrompt, n: int) -> list[AsyncIterator[StreamEvent]]:
+    return [backend.stream(prepared.prompt_tokens, choice_params(prepared.params, i)) for i in range(n)]
+
+
+@lru_cache(maxsize=64)
+def _accepts_tools_offered(tokenizer_type: type) -> bool:
+    try:
+        return "tools_offered" in inspect.signature(tokenizer_type.parse_assistant).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def parser_for(tokenizer: ChatTokenizer, tools_offered: bool) -> Any:
+    """``text -> ParsedAssistant``: the tokenizer's own parser, told whether tools were offered when it can be."""
+    if _accepts_tools_offered(type(tokenizer)):
+        return partial(tokenizer.parse_assistant, tools_offered=tools_offered)
+    return tokenizer.parse_assistant
+
+
+def split_completion(tokenizer: ChatTokenizer, text: str, tools_offered: bool) -> ParsedAssistant:
+    return parser_for(tokenizer, tools_offered)(text)
+
+
+def assistant_message(parsed: ParsedAssistant, calls: list[ToolCall] | None = None) -> Message:
+    """The reply as an OpenAI assistant message: content None when the reply is only tool calls, as OpenAI does."""
+    calls = parsed.tool_calls if calls is None else calls
+    message: Message = {"role": "assistant", "content": parsed.content if parsed.content or not calls else None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    return message
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the JSON object Anthropic's ``tool_use.input`` must be (non-objects are wrapped)."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}

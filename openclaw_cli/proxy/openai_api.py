@@ -1,0 +1,469 @@
+"""OpenAI Chat Completions: ``POST /v1/chat/completions`` (plain and streamed) and ``GET /v1/models``.
+
+Accepted: messages (string or content parts; system / developer / user / assistant / tool), tools, tool_choice,
+parallel_tool_calls, temperature, top_p, top_k (a vLLM-style extension), max_tokens / max_completion_tokens, stop,
+seed, n, logprobs / top_logprobs, stream + stream_options.include_usage, user. Unknown fields are ignored.
+
+Known limits, by design:
+- ``top_logprobs``: the backend reports only the sampled token's log-probability, so each position's
+  ``top_logprobs`` list holds just the sampled token (never more than one entry). Log-probabilities are the
+  policy's raw ones (temperature 1, no top-k/top-p), the values the trainer uses.
+- ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool;
+  "required" is accepted but not enforced (no constrained decoding). ``parallel_tool_calls`` is accepted and not
+  enforced: every call the model writes is returned, so the stored tokens match the reply.
+- ``response_format`` and other unknown fields are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.proxy.capture_handoff import build_exchange
+from openclaw_cli.proxy.completion import (
+    PreparedPrompt,
+    SamplingRequest,
+    assistant_message,
+    parser_for,
+    prepare_prompt,
+    sample_choices,
+    split_completion,
+)
+from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
+from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
+from openclaw_cli.proxy.models import ResolvedModel
+from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, data_frame
+from openclaw_cli.proxy.state import ProxyState, proxy_state
+from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece
+from openclaw_cli.proxy.validation import get_field, get_number, read_json_body, string_list
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk
+
+log = logging.getLogger("openclaw.proxy.openai")
+router = APIRouter()
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class ChatRequest:
+    body: dict[str, Any]
+    model: ResolvedModel
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    tools_offered: bool
+    sampling: SamplingRequest
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    request_id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+    started_at: float = field(default_factory=time.time)
+
+
+# -- request parsing -----------------------------------------------------------------------------------------------
+
+
+def parse_messages(body: dict[str, Any]) -> list[Message]:
+    raw = get_field(body, "messages", list, required=True)
+    if not raw:
+        raise ProxyError(400, "'messages' must contain at least one message", param="messages")
+    messages: list[Message] = []
+    for i, msg in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise ProxyError(400, f"{where} must be an object", param=where)
+        role = msg.get("role")
+        if role not in ROLES:
+            raise ProxyError(400, f"{where}.role must be one of {', '.join(sorted(ROLES))}; got {role!r}", param=where)
+        content = msg.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise ProxyError(400, f"{where}.content must be a string, an array of parts or null", param=where)
+        if content is None and role != "assistant":
+            raise ProxyError(400, f"{where}.content is required for role {role}", param=where)
+        if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
+            raise ProxyError(400, f"{where} (role tool) needs a string 'tool_call_id'", param=where)
+        calls = msg.get("tool_calls")
+        if calls is not None and not (
+            isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
+        ):
+            raise ProxyError(400, f"{where}.tool_calls must be an array of function calls", param=where)
+        # Chat templates know "system", not OpenAI's newer "developer" role (same meaning).
+        messages.append({**msg, "role": "system"} if role == "developer" else dict(msg))
+    return messages
+
+
+def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool]:
+    """(tools to show the model, whether to parse tool calls from the reply) after applying tool_choice."""
+    tools = get_field(body, "tools", list) or []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ProxyError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ProxyError(400, f"tools[{i}].function.name must be a non-empty string", param="tools")
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "required"):
+        return (tools or None), bool(tools)
+    if choice == "none":
+        return None, False
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        chosen = [t for t in tools if t["function"]["name"] == name]
+        if not chosen:
+            raise ProxyError(400, f"tool_choice names function {name!r}, which is not in 'tools'", param="tool_choice")
+        return chosen, True
+    raise ProxyError(
+        400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', ...}", param="tool_choice"
+    )
+
+
+def parse_chat_request(body: dict[str, Any], state: ProxyState) -> ChatRequest:
+    model = state.catalog.resolve(get_field(body, "model", str, required=True))
+    messages = parse_messages(body)
+    tools, tools_offered = parse_tools(body)
+    get_field(body, "parallel_tool_calls", bool)
+    max_tokens = get_number(body, "max_completion_tokens", low=1, integer=True)
+    if max_tokens is None:
+        max_tokens = get_number(body, "max_tokens", low=1, integer=True)
+    sampling = SamplingRequest(
+        max_tokens=max_tokens,
+        temperature=get_number(body, "temperature", low=0, high=2),
+        top_p=get_number(body, "top_p", low=0, high=1),
+        top_k=get_number(body, "top_k", integer=True),
+        stop=tuple(string_list(body, "stop", max_items=4)),
+        seed=get_number(body, "seed", integer=True),
+    )
+    stream_options = get_field(body, "stream_options", dict) or {}
+    logprobs = bool(get_field(body, "logprobs", bool))
+    top_logprobs = get_number(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, integer=True) or 0
+    if top_logprobs and not logprobs:
+        raise ProxyError(400, "'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    get_field(body, "user", str)
+    return ChatRequest(
+        body=body,
+        model=model,
+        messages=messages,
+        tools=tools,
+        tools_offered=tools_offered,
+        sampling=sampling,
+        n=int(get_number(body, "n", low=1, high=MAX_N, integer=True) or 1),
+        stream=bool(get_field(body, "stream", bool)),
+        include_usage=bool(stream_options.get("include_usage")),
+        logprobs=logprobs,
+        top_logprobs=int(top_logprobs),
+    )
+
+
+# -- response pieces -----------------------------------------------------------------------------------------------
+
+
+def finish_reason_for(result: SampleResult, parsed: ParsedAssistant) -> str:
+    if parsed.tool_calls:
+        return "tool_calls"
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def logprob_entry(tokenizer: ChatTokenizer, token_id: int, logprob: float, top_n: int) -> dict[str, Any]:
+    text = tokenizer.decode([token_id])
+    entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    # Only the sampled token's log-prob is known, so it is the whole top list (see the module docstring).
+    return {**entry, "top_logprobs": [dict(entry)] if top_n > 0 else []}
+
+
+def logprob_entries(tokenizer: ChatTokenizer, result: SampleResult, top_n: int) -> list[dict[str, Any]]:
+    eos = set(tokenizer.eos_token_ids)
+    return [
+        logprob_entry(tokenizer, t, lp, top_n)
+        for t, lp in zip(result.tokens, result.logprobs, strict=False)
+        if t not in eos
+    ]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(
+    req: ChatRequest, version: int, choices: list[dict[str, Any]], usage_counts: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "id": req.request_id,
+        "object": "chat.completion",
+        "created": req.created,
+        "model": req.model.requested,
+        "system_fingerprint": f"openclaw-v{version}",
+        "choices": choices,
+        "usage": usage_counts,
+    }
+
+
+def response_headers(req: ChatRequest, version: int) -> dict[str, str]:
+    return {"x-request-id": req.request_id, "x-openclaw-policy-version": str(version)}
+
+
+# -- endpoints -----------------------------------------------------------------------------------------------------
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    return proxy_state(request).catalog.listing()
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    return proxy_state(request).catalog.entry(model_id)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = proxy_state(request)
+    body = await read_json_body(request, state.settings.proxy.max_body_bytes)
+    req = parse_chat_request(body, state)
+    prepared = await prepare_prompt(
+        state.backend,
+        req.messages,
+        req.tools,
+        tools_offered=req.tools_offered,
+        sampling=req.sampling,
+        default_max_tokens=state.settings.proxy.default_max_tokens,
+    )
+    if req.stream:
+        return await _start_stream(request, state, req, prepared)
+    return await _complete(request, state, req, prepared)
+
+
+async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
+    lease = state.lease()
+    try:
+        results = await unless_disconnected(
+            request,
+            sample_choices(state.backend, prepared, req.n, retry_after_s=state.settings.proxy.retry_after_s),
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        lease.release()
+    tokenizer = state.backend.tokenizer()
+    choices, finishes, messages = [], [], []
+    for i, result in enumerate(results):
+        parsed = split_completion(tokenizer, result.text, prepared.tools_offered)
+        finish, message = finish_reason_for(result, parsed), assistant_message(parsed)
+        lp = {"content": logprob_entries(tokenizer, result, req.top_logprobs)} if req.logprobs else None
+        choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+        finishes.append(finish)
+        messages.append(message)
+    version = results[0].version
+    total = usage(len(prepared.prompt_tokens), sum(len(r.tokens) for r in results))
+    body = completion_body(req, version, choices, total)
+    for i, result in enumerate(results):
+        single = completion_body(
+            req, result.version, [choices[i]], usage(len(prepared.prompt_tokens), len(result.tokens))
+        )
+        await _record(request, state, req, prepared, result, finishes[i], messages[i], single, stream=False, index=i)
+    return JSONResponse(body, headers=response_headers(req, version))
+
+
+async def _record(
+    request: Request,
+    state: ProxyState,
+    req: ChatRequest,
+    prepared: PreparedPrompt,
+    result: SampleResult,
+    finish: str,
+    message: Message,
+    response: dict[str, Any],
+    *,
+    stream: bool,
+    index: int,
+) -> None:
+    exchange = build_exchange(
+        api="openai",
+        request=request,
+        body=req.body,
+        model=req.model,
+        prepared=prepared,
+        result=result,
+        finish_reason=finish,
+        message=message,
+        response=response,
+        started_at=req.started_at,
+        stream=stream,
+        choice_index=index,
+        request_id=req.request_id,
+    )
+    await state.recorder.record(exchange)
+
+
+async def _start_stream(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
+    stream = await open_stream(state, prepared, req.n)
+    return StreamingResponse(
+        _sse(request, state, req, prepared, stream),
+        media_type=SSE_MEDIA_TYPE,
+        headers={**SSE_HEADERS, **response_headers(req, stream.version)},
+        background=BackgroundTask(stream.close),  # runs even when the client left before the body started
+    )
+
+
+class _ChoiceStream:
+    """Per-choice streaming state: the splitter and the log-prob entries not yet attached to a chunk."""
+
+    def __init__(self, splitter: AssistantStreamSplitter) -> None:
+        self.splitter = splitter
+        self.logprobs: list[dict[str, Any]] = []
+
+
+async def _sse(
+    request: Request,
+    state: ProxyState,
+    req: ChatRequest,
+    prepared: PreparedPrompt,
+    stream: OpenStream,
+) -> AsyncIterator[bytes]:
+    tokenizer = state.backend.tokenizer()
+    parse = parser_for(tokenizer, prepared.tools_offered)
+    eos = set(tokenizer.eos_token_ids)
+    choices = [
+        _ChoiceStream(
+            AssistantStreamSplitter(
+                parse, tools_offered=prepared.tools_offered, starts_in_reasoning=prepared.starts_in_reasoning
+            )
+        )
+        for _ in range(req.n)
+    ]
+    results: dict[int, SampleResult] = {}
+    version = stream.version
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        pending, choices[index].logprobs = choices[index].logprobs, []
+        payload: dict[str, Any] = {
+            "id": req.request_id,
+            "object": "chat.completion.chunk",
+            "created": req.created,
+            "model": req.model.requested,
+            "system_fingerprint": f"openclaw-v{version}",
+            "choices": [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": {"content": pending} if req.logprobs and (pending or finish) else None,
+                    "finish_reason": finish,
+                }
+            ],
+        }
+        if req.include_usage:
+            payload["usage"] = None
+        return data_frame(payload)
+
+    try:
+        for i in range(req.n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        item = stream.first
+        while True:
+            if item is None:
+                yield KEEPALIVE_COMMENT
+            else:
+                index, event = item
+                version = event.version
+                if isinstance(event, TokenChunk):
+                    if req.logprobs and event.token_id not in eos:
+                        choices[index].logprobs.append(
+                            logprob_entry(tokenizer, event.token_id, event.logprob, req.top_logprobs)
+                        )
+                    for piece in choices[index].splitter.feed(event.text):
+                        yield chunk(index, _delta(piece))
+                else:
+                    results[index] = event
+                    for piece in choices[index].splitter.finish():
+                        yield chunk(index, _delta(piece))
+                    received = choices[index].splitter.result()
+                    finish = finish_reason_for(event, received)
+                    await _record_streamed(request, state, req, prepared, event, received, finish, index)
+                    yield chunk(index, {}, finish)
+            try:
+                item = await stream.events.__anext__()
+            except StopAsyncIteration:
+                break
+        if req.include_usage:
+            counts = usage(len(prepared.prompt_tokens), sum(len(r.tokens) for r in results.values()))
+            yield data_frame({**_usage_chunk_base(req, version), "usage": counts})
+        yield DONE_FRAME
+    except Exception as exc:
+        err = (
+            from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s)
+            if isinstance(exc, BackendError)
+            else from_unexpected(exc)
+        )
+        log.error("stream %s failed mid-way: %s", req.request_id, err.message)
+        yield data_frame(error_body(err, "openai"))
+    finally:
+        await stream.close()
+
+
+async def _record_streamed(
+    request: Request,
+    state: ProxyState,
+    req: ChatRequest,
+    prepared: PreparedPrompt,
+    result: SampleResult,
+    received: ParsedAssistant,
+    finish: str,
+    index: int,
+) -> None:
+    tokenizer = state.backend.tokenizer()
+    if log.isEnabledFor(logging.DEBUG):
+        reparsed = split_completion(tokenizer, result.text, prepared.tools_offered)
+        if (reparsed.content, reparsed.reasoning) != (received.content, received.reasoning):
+            log.debug("stream %s: streamed split differs from parse_assistant (documented edge case)", req.request_id)
+    message = assistant_message(received)
+    lp = {"content": logprob_entries(tokenizer, result, req.top_logprobs)} if req.logprobs else None
+    choice = {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
+    single = completion_body(req, result.version, [choice], usage(len(prepared.prompt_tokens), len(result.tokens)))
+    await _record(request, state, req, prepared, result, finish, message, single, stream=True, index=index)
+
+
+def _usage_chunk_base(req: ChatRequest, version: int) -> dict[str, Any]:
+    return {
+        "id": req.request_id,
+        "object": "chat.completion.chunk",
+        "created": req.created,
+        "model": req.model.requested,
+        "system_fingerprint": f"openclaw-v{version}",
+        "choices": [],
+    }
+
+
+def _delta(piece: Piece) -> dict[str, Any]:
+    if isinstance(piece, ContentPiece):
+        return {"content": piece.text}
+    if isinstance(piece, ReasoningPiece):
+        return {"reasoning_content": piece.text}
+    call = piece.call
+    return {
+        "tool_calls": [
+            {
+                "index": piece.index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+        ]
+    }

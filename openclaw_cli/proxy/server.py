@@ -1,0 +1,137 @@
+"""Running the proxy: :func:`run_server` for ``openclaw serve`` and :class:`BackgroundServer` for tests, examples
+and benchmarks that need a real HTTP server in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from openclaw_cli.backend import create_backend
+from openclaw_cli.proxy.app import create_app
+from openclaw_cli.settings import Settings
+
+log = logging.getLogger("openclaw.proxy")
+
+
+class ProxyConfigError(ValueError):
+    """The proxy cannot start with these settings (the message says what to change)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost may resolve anywhere
+
+
+def check_bind(settings: Settings) -> None:
+    """Refuse to expose the proxy beyond this machine without an API key."""
+    has_key = settings.api_key is not None and bool(settings.api_key.get_secret_value())
+    if not is_loopback(settings.host) and not has_key:
+        raise ProxyConfigError(
+            f"refusing to listen on {settings.host}: any bind other than 127.0.0.1 / localhost / ::1 needs an API "
+            "key (set api_key in openclaw.toml or OPENCLAW_API_KEY); clients then send it as a Bearer token or "
+            "x-api-key"
+        )
+
+
+async def _expire_idle_loop(sink: Any, every_s: float) -> None:
+    """Close sessions that went quiet, so their last turn becomes trainable; a failure is logged and retried."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            expired = await sink.expire_idle()
+            if expired:
+                log.info("expired %d idle session(s)", expired)
+        except Exception:
+            log.exception("expiring idle sessions failed; will retry")
+
+
+async def serve(settings: Settings) -> None:
+    """Start the backend and store, serve until interrupted, then close everything in reverse order."""
+    check_bind(settings)
+    try:  # the store ships alongside the proxy; import late so the proxy package imports without it
+        from openclaw_cli.sessions import SessionCapture
+        from openclaw_cli.store import Store
+    except ImportError as exc:
+        raise ProxyConfigError(f"the capture store is not available ({exc}); cannot serve") from exc
+
+    backend = create_backend(settings)
+    await backend.start()
+    store = Store(settings.store.path)
+    expirer: asyncio.Task[None] | None = None
+    try:
+        sink = SessionCapture(store, settings)
+        app = create_app(backend, sink, settings)
+        expirer = asyncio.create_task(_expire_idle_loop(sink, settings.proxy.expire_every_s))
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
+        await uvicorn.Server(config).serve()
+    finally:
+        if expirer is not None:
+            expirer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await expirer
+        try:
+            await backend.close()
+        finally:
+            store.close()
+
+
+def run_server(settings: Settings) -> None:
+    """Blocking entry point of ``openclaw serve``."""
+    asyncio.run(serve(settings))
+
+
+class BackgroundServer:
+    """Serve an ASGI app on 127.0.0.1 (a free port) from a daemon thread with its own event loop.
+
+    ``with BackgroundServer(app) as server: ... server.base_url ...``; leaving the block stops the server. The
+    socket is bound before the thread starts, so the port is known and free of races.
+    """
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", start_timeout_s: float = 15.0) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self.host, self.port = self._sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"proxy-{self.port}", daemon=True)
+        self._start_timeout_s = start_timeout_s
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        self._server.run(sockets=[self._sock])
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + self._start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("background server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
