@@ -1,0 +1,369 @@
+"""The judge: PRM votes and OPD hints for every ready main-line turn, and the loop that hands them to the trainer.
+
+For each turn the store hands out (``Store.claim_ready("judge", ...)``) the loop asks the judge model
+``settings.judge.votes`` times, concurrently, whether the turn's next state shows progress (+1), a correction (-1) or
+neither (0), and takes the majority of the valid votes (tie or none valid -> 0). When ``settings.method`` is ``opd`` or
+``combined`` it also asks, as many times, for a hindsight hint (see :mod:`openclaw_cli.judge_prompts`). A turn with
+no next state (its session ended) scores 0 without a judge call. The verdict is stored once with
+``Store.complete("judge", turn_id, json, reward=score)``; its JSON holds::
+
+    {"score": -1|0|1, "votes": [1, -1, null, ...], "hints": [...distinct...], "hint": str|null,
+     "hint_votes": [1, -1, null, ...], "prompt_version": "...", "prompt_hash": {"prm": ..., "hint": ...},
+     "judge": "openai:model@url", "reason": "judged" | "no_next_state", "next_state_role": "user"|"tool"|null,
+     "raw": {"prm": [...], "hint": [...]}}        # the judge's replies, clipped, for auditing
+
+Failure handling: every judge call is retried with exponential backoff; when a call still fails, the turn is not
+completed and its lease simply runs out, after which it is claimed again. A judge that stays down therefore leaves
+turns waiting (never lost, never scored by default), and nothing here touches serving.
+
+Judge clients (:func:`make_judge_client`): an OpenAI-compatible endpoint (``judge.base_url`` + ``judge.model``), a
+LiteLLM model string (``judge.model`` alone; needs ``pip install litellm``), or, with no judge model, the policy
+backend itself pinned to version 0, the frozen base model: a judge that trained along with the policy would grade
+with labels drifting under the very updates they cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from openclaw_cli.judge_prompts import (
+    PROMPT_VERSION,
+    choose_hint,
+    clip_middle,
+    dedupe_hints,
+    hint_messages,
+    majority,
+    parse_hint,
+    parse_vote,
+    prm_messages,
+    prompt_hashes,
+)
+from openclaw_cli.types import SamplingParams
+
+if TYPE_CHECKING:
+    from openclaw_cli.backend import Backend
+    from openclaw_cli.settings import Settings
+    from openclaw_cli.store import Store, TurnRecord
+
+log = logging.getLogger(__name__)
+
+JUDGE_CONSUMER = "judge"
+POLICY_JUDGE_VERSION = 0  # the base model; see the module docstring
+RAW_REPLY_CHARS = 1000
+
+
+class JudgeConfigError(ValueError):
+    """The judge settings cannot make a client (the message says which setting and what to do)."""
+
+
+class JudgeUnavailable(RuntimeError):
+    """A judge call kept failing after every retry; the turn is left for a later claim."""
+
+
+@runtime_checkable
+class JudgeClient(Protocol):
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int) -> str: ...
+
+
+# --- clients -------------------------------------------------------------------------------------------------------
+class OpenAIJudgeClient:
+    """Any OpenAI-compatible chat endpoint, through the ``openai`` SDK (its own retries off: the loop retries)."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        http_client: Any = None,
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        self.model = model
+        self.name = f"openai:{model}@{base_url}"
+        # Local servers (vLLM, llama.cpp, Ollama) take any key; the SDK refuses to start without one.
+        self._client = AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "not-needed",
+            max_retries=0,
+            timeout=timeout_s,
+            http_client=http_client,
+        )
+
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int) -> str:
+        response = await self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+        if not response.choices:
+            raise RuntimeError("the judge endpoint returned no choices")
+        return response.choices[0].message.content or ""
+
+
+class LiteLLMJudgeClient:
+    """A LiteLLM model string (``anthropic/claude-...``, ``gemini/...``); litellm is imported on first use."""
+
+    def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None) -> None:
+        if importlib.util.find_spec("litellm") is None:
+            raise JudgeConfigError(
+                f"judge.model={model!r} without judge.base_url is read as a LiteLLM model string, but litellm is "
+                "not installed: `pip install litellm`, or set judge.base_url to an OpenAI-compatible endpoint, or "
+                "unset judge.model to judge with the policy itself"
+            )
+        self.model = model
+        self.name = f"litellm:{model}"
+        self._api_key = api_key
+        self._base_url = base_url
+
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int) -> str:
+        litellm = importlib.import_module("litellm")
+        extra: dict[str, Any] = {}
+        if self._api_key:
+            extra["api_key"] = self._api_key
+        if self._base_url:
+            extra["api_base"] = self._base_url
+        response = await litellm.acompletion(
+            model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens, **extra
+        )
+        return response.choices[0].message.content or ""
+
+
+class PolicyJudgeClient:
+    """The policy backend as its own judge: the chat is rendered with the backend's template and sampled from a
+    pinned version (default 0, the frozen base). It shares the backend with serving, so it adds load there."""
+
+    def __init__(self, backend: Backend, *, version: int | None = POLICY_JUDGE_VERSION) -> None:
+        self._backend = backend
+        self.version = version
+        self.name = f"policy:v{version}" if version is not None else "policy:current"
+
+    async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int) -> str:
+        tokenizer = self._backend.tokenizer()
+        prompt = tokenizer.render(messages, add_generation_prompt=True)
+        # Leave room for the answer; a prompt that cannot fit is an input problem no retry will fix.
+        room = tokenizer.context_length - len(prompt)
+        if room < 16:
+            raise ValueError(
+                f"judge prompt of {len(prompt)} tokens leaves no room in a {tokenizer.context_length} context"
+            )
+        params = SamplingParams(max_tokens=min(max_tokens, room), temperature=temperature)
+        result = await self._backend.sample(prompt, params, version=self.version)
+        return result.text
+
+
+def make_judge_client(settings: Settings, backend: Backend | None = None) -> JudgeClient:
+    """The judge named by ``settings.judge``: base_url + model -> OpenAI-compatible; model alone -> LiteLLM;
+    neither -> the policy backend pinned to the base version."""
+    judge = settings.judge
+    api_key = judge.api_key.get_secret_value() if judge.api_key is not None else None
+    if judge.base_url:
+        if not judge.model:
+            raise JudgeConfigError(
+                f"judge.base_url is set ({judge.base_url}) but judge.model is not: name the model that endpoint serves"
+            )
+        return OpenAIJudgeClient(judge.model, judge.base_url, api_key)
+    if judge.model:
+        return LiteLLMJudgeClient(judge.model, api_key=api_key)
+    if backend is None:
+        raise JudgeConfigError("no judge model is configured and no policy backend was given to judge with")
+    return PolicyJudgeClient(backend)
+
+
+# --- the verdict ---------------------------------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    score: int
+    votes: list[int | None] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    hint: str | None = None
+    hint_votes: list[int | None] = field(default_factory=list)
+    reason: str = "judged"
+    raw_prm: list[str] = field(default_factory=list)
+    raw_hint: list[str] = field(default_factory=list)
+
+    def to_json(self, *, judge_name: str, next_state_role: str | None) -> str:
+        return json.dumps(
+            {
+                "score": self.score,
+                "votes": self.votes,
+                "hints": self.hints,
+                "hint": self.hint,
+                "hint_votes": self.hint_votes,
+                "prompt_version": PROMPT_VERSION,
+                "prompt_hash": prompt_hashes(),
+                "judge": judge_name,
+                "reason": self.reason,
+                "next_state_role": next_state_role,
+                "raw": {
+                    "prm": [clip_middle(r, RAW_REPLY_CHARS) for r in self.raw_prm],
+                    "hint": [clip_middle(r, RAW_REPLY_CHARS) for r in self.raw_hint],
+                },
+            },
+            ensure_ascii=False,
+        )
+
+
+@dataclass
+class JudgeStats:
+    judged: int = 0
+    failed: int = 0  # turn attempts given up after retries (they come back when the lease runs out)
+    calls: int = 0
+    call_errors: int = 0
+    last_error: str | None = None
+
+
+# --- the loop ------------------------------------------------------------------------------------------------------
+class JudgeLoop:
+    """Claims ready main-line turns, judges them, completes each once (see the module docstring).
+
+    ``lease_s`` must exceed the time a batch takes to judge (retries included), else another claim could judge a
+    turn twice; the second completion would be a harmless no-op.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        client: JudgeClient,
+        settings: Settings,
+        *,
+        consumer: str = JUDGE_CONSUMER,
+        batch_size: int = 8,
+        lease_s: float = 600.0,
+        poll_s: float = 1.0,
+        max_tokens: int = 1024,
+        call_timeout_s: float = 180.0,
+        retry_attempts: int = 4,
+        retry_base_s: float = 0.5,
+        retry_max_s: float = 8.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if retry_attempts < 1:
+            raise ValueError("retry_attempts must be >= 1")
+        self.store = store
+        self.client = client
+        self.settings = settings
+        self.consumer = consumer
+        self.batch_size = batch_size
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.max_tokens = max_tokens
+        self.call_timeout_s = call_timeout_s
+        self.retry_attempts = retry_attempts
+        self.retry_base_s = retry_base_s
+        self.retry_max_s = retry_max_s
+        self._sleep = sleep
+        self._limit = asyncio.Semaphore(settings.judge.max_concurrency)
+        self.stats = JudgeStats()
+        self.judge_name = str(getattr(client, "name", type(client).__name__))
+
+    @property
+    def wants_hints(self) -> bool:
+        return self.settings.method in ("opd", "combined")
+
+    async def run_once(self) -> int:
+        """Claim one batch and judge it; returns how many turns this call completed."""
+        turns = await asyncio.to_thread(self.store.claim_ready, self.consumer, self.batch_size, self.lease_s)
+        if not turns:
+            return 0
+        done = await asyncio.gather(*(self._judge_and_complete(turn) for turn in turns))
+        return sum(done)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Judge until ``stop`` is set; waits ``poll_s`` when there is nothing to do. Never dies on an error."""
+        while not stop.is_set():
+            try:
+                judged = await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # e.g. the store is briefly locked: log it and try again next round
+                log.exception("judge loop round failed")
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                judged = 0
+            if judged == 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
+
+    async def judge_turn(self, turn: TurnRecord) -> Verdict:
+        """The verdict for one turn (no store access). Raises JudgeUnavailable when the judge keeps failing."""
+        if not turn.next_state:
+            return Verdict(score=0, reason="no_next_state")
+        args = (turn.messages, turn.assistant_message, turn.next_state, turn.next_state_role)
+        m = self.settings.judge.votes
+        temperature = self.settings.judge.temperature
+        prm_prompt = prm_messages(*args)
+        hint_prompt = hint_messages(*args) if self.wants_hints else None
+        try:
+            # A TaskGroup, not gather: when one call gives up, its siblings are cancelled instead of running on.
+            async with asyncio.TaskGroup() as group:
+                prm_tasks = [group.create_task(self._call(prm_prompt, temperature)) for _ in range(m)]
+                hint_tasks = (
+                    [group.create_task(self._call(hint_prompt, temperature)) for _ in range(m)]
+                    if hint_prompt is not None
+                    else []
+                )
+        except* JudgeUnavailable as group_error:
+            raise group_error.exceptions[0] from None
+        raw_prm = [task.result() for task in prm_tasks]
+        raw_hint = [task.result() for task in hint_tasks]
+        votes = [parse_vote(text) for text in raw_prm]
+        parsed_hints = [parse_hint(text) for text in raw_hint]
+        accepted = [h.hint for h in parsed_hints if h.hint is not None]
+        return Verdict(
+            score=majority(votes),
+            votes=votes,
+            hints=dedupe_hints(accepted),
+            hint=choose_hint(accepted),
+            hint_votes=[h.accepted for h in parsed_hints],
+            raw_prm=raw_prm,
+            raw_hint=raw_hint,
+        )
+
+    async def _judge_and_complete(self, turn: TurnRecord) -> bool:
+        try:
+            verdict = await self.judge_turn(turn)
+        except JudgeUnavailable as exc:
+            self.stats.failed += 1
+            self.stats.last_error = str(exc)
+            log.warning("turn %s left unjudged, retried after its lease expires: %s", turn.id, exc)
+            return False
+        except Exception as exc:  # a turn whose prompt cannot be built must not take its batch down
+            self.stats.failed += 1
+            self.stats.last_error = f"turn {turn.id}: {type(exc).__name__}: {exc}"
+            log.exception("turn %s could not be judged; retried after its lease expires", turn.id)
+            return False
+        result = verdict.to_json(judge_name=self.judge_name, next_state_role=turn.next_state_role)
+        first = await asyncio.to_thread(self.store.complete, self.consumer, turn.id, result, reward=verdict.score)
+        if first:
+            self.stats.judged += 1
+        return first
+
+    async def _call(self, messages: list[dict[str, str]], temperature: float) -> str:
+        """One judge completion under the concurrency limit, retried with exponential backoff and jitter."""
+        for attempt in range(self.retry_attempts):
+            async with self._limit:
+                self.stats.calls += 1
+                try:
+                    async with asyncio.timeout(self.call_timeout_s):
+                        return await self.client.complete(messages, temperature=temperature, max_tokens=self.max_tokens)
+                except Exception as exc:  # CancelledError is a BaseException and passes through
+                    self.stats.call_errors += 1
+                    error = f"{type(exc).__name__}: {exc}"
+                    if attempt + 1 == self.retry_attempts:
+                        raise JudgeUnavailable(f"judge call failed {self.retry_attempts} times, last: {error}") from exc
+            # Sleep outside the semaphore so a failing call does not hold a slot others could use.
+            delay = min(self.retry_max_s, self.retry_base_s * 2**attempt) * random.uniform(0.5, 1.0)
+            log.debug("judge call failed (%s); retry %d in %.2fs", error, attempt + 1, delay)
+            await self._sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
