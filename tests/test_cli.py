@@ -450,12 +450,29 @@ def test_unexpected_errors_are_one_line_unless_debug(fake_proxy, monkeypatch):
     assert isinstance(result.exception, RuntimeError)
 
 
-def test_launch_is_plainly_not_available_yet(fake_proxy):
-    result = invoke("launch", "--backend", "local", "--port", "9124")
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, bool]]:
+    calls: list[tuple[Any, bool]] = []
+    module = types.ModuleType("openclaw_cli.runtime")
+    module.run_launch = lambda settings, *, ui: calls.append((settings, ui))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "openclaw_cli.runtime", module)
+    return calls
+
+
+def test_launch_runs_the_learning_loop_with_the_effective_settings(fake_runtime, fake_proxy):
+    result = invoke("launch", "--backend", "local", "--port", "9124", "--no-ui", "--set", "train.batch_size=8")
+    assert result.exit_code == 0, result.output
+    ((settings, ui),) = fake_runtime
+    assert (settings.port, settings.backend, settings.train.batch_size, ui) == (9124, "local", 8, False)
+    assert fake_proxy == []  # launch is not `serve` under another name
+    assert invoke("launch").exit_code == 0 and fake_runtime[1][1] is True  # the dashboard is the default
+
+
+def test_launch_refuses_a_public_bind_without_api_key(fake_runtime):
+    result = invoke("launch", "--host", "0.0.0.0")
     assert_clean_failure(result, 2)
-    assert "`openclaw launch` (the learning loop" in result.stderr
-    assert "not available yet" in result.stderr and "`openclaw serve`" in result.stderr
-    assert fake_proxy == []  # launch does not quietly fall back to serving
+    assert "refusing to bind 0.0.0.0 without an API key" in result.stderr
+    assert fake_runtime == []
 
 
 def test_export_without_its_module_says_so(monkeypatch):

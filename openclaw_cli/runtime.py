@@ -1,0 +1,327 @@
+"""`openclaw launch`: serve, collect, judge and train in one process, each loop an asyncio task of one event loop.
+
+- serve: the proxy app under uvicorn's ``Server.serve()`` (capture happens inside it through ``SessionCapture``);
+- expire: closes idle sessions so their last turn becomes judgeable;
+- judge: :class:`~openclaw_cli.judge.JudgeLoop`;
+- train: :class:`~openclaw_cli.trainer_loop.TrainerLoop` (resumed from the newest checkpoint first).
+
+They share nothing but the store and the backend, and the backend runs model work in worker threads, so a training
+step never blocks a reply and a stalled judge never blocks training of what was already judged.
+
+Shutdown (Ctrl-C, SIGTERM, or ``stop`` set by an embedding caller): the server stops accepting and finishes the
+requests in flight, the trainer finishes the step in progress and writes a checkpoint, the judge is given a moment
+to finish its batch (unfinished turns are simply claimed again next time), then the backend and store close. A
+second Ctrl-C abandons the wait (the trainer's step is cancelled; nothing half-written is kept, checkpoints are
+written atomically).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from openclaw_cli.backend import Backend, create_backend
+from openclaw_cli.dashboard import Snapshot, log_line, render
+from openclaw_cli.proxy.app import create_app
+from openclaw_cli.proxy.server import check_bind
+from openclaw_cli.settings import Settings
+from openclaw_cli.trainer_loop import TrainerLoop
+
+if TYPE_CHECKING:
+    from openclaw_cli.judge import JudgeClient, JudgeLoop
+    from openclaw_cli.sessions import SessionCapture
+    from openclaw_cli.store import Store
+
+log = logging.getLogger("openclaw.launch")
+
+JUDGE_GRACE_S = 10.0  # how long shutdown waits for the judge's current batch before cancelling it
+REFRESH_S = 1.0  # dashboard refresh
+LOG_EVERY_S = 10.0  # --no-ui status line
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal capture: the runtime owns SIGINT/SIGTERM, so one Ctrl-C stops all four
+    loops in order instead of only the HTTP server (uvicorn would also re-raise the signal after serving)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Runtime:
+    """The running process: its parts, for the dashboard and for tests that embed it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        store: Store,
+        sink: SessionCapture,
+        judge: JudgeLoop,
+        trainer: TrainerLoop,
+        server: _Server,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.store = store
+        self.sink = sink
+        self.judge = judge
+        self.trainer = trainer
+        self.server = server
+        self.app = server.config.app
+        self.started_at = time.time()
+        self.errors: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.port}"
+
+    def snapshot(self) -> Snapshot:
+        """The numbers the dashboard shows (reads the store: call it from a worker thread)."""
+        try:
+            version = self.backend.current_version().version
+            backend_ok = True
+        except Exception as exc:
+            version, backend_ok = -1, False
+            self._note(f"backend: {type(exc).__name__}: {exc}")
+        stats = self.sink.stats()
+        proxy = self.app.state.proxy
+        trainer = self.trainer.stats
+        errors = list(self.errors)
+        if trainer.last_error:
+            errors.append(f"trainer: {trainer.last_error}")
+        if self.judge.stats.last_error:
+            errors.append(f"judge: {self.judge.stats.last_error}")
+        return Snapshot(
+            url=self.url,
+            backend=self.backend.name,
+            backend_ok=backend_ok,
+            policy_version=version,
+            requests_total=proxy.requests_total,
+            in_flight=proxy.in_flight,
+            sessions_open=stats["sessions"]["open"],
+            sessions_total=stats["sessions"]["total"],
+            turns_pending=stats["pending"],
+            turns_ready=stats["ready"],
+            judged=self.judge.stats.judged,
+            trained=trainer.trained_samples,
+            steps=trainer.steps,
+            batch_size=self.settings.train.batch_size,
+            method=self.settings.method,
+            rewards=list(trainer.rewards),
+            last_loss=trainer.last_metrics.get("loss"),
+            errors=errors,
+            uptime_s=time.time() - self.started_at,
+        )
+
+    def _note(self, error: str) -> None:
+        if not self.errors or self.errors[-1] != error:
+            self.errors = [*self.errors[-9:], error]
+
+
+async def launch(
+    settings: Settings,
+    *,
+    ui: bool,
+    stop: asyncio.Event | None = None,
+    judge_client: JudgeClient | None = None,
+    on_ready: Callable[[Runtime], Awaitable[None] | None] | None = None,
+) -> None:
+    """Run serve + idle expiry + judge + train until Ctrl-C / SIGTERM or until ``stop`` is set.
+
+    ``judge_client`` replaces the judge named by the settings (tests and embedders); ``on_ready`` is called once
+    everything is up and the port accepts connections.
+    """
+    from openclaw_cli.judge import JudgeLoop, make_judge_client
+    from openclaw_cli.sessions import SessionCapture
+    from openclaw_cli.store import Store
+
+    check_bind(settings)
+    stop = stop or asyncio.Event()
+    # Bind before loading the model: a busy port fails in a second, not after a minute of loading.
+    sock = _bind(settings.host, settings.port)
+    backend: Backend | None = None
+    store: Store | None = None
+    try:
+        backend = create_backend(settings)
+        await backend.start()
+        store = Store(settings.store.path)
+        sink = SessionCapture(store, settings)
+        client = judge_client if judge_client is not None else make_judge_client(settings, backend)
+        judge = JudgeLoop(store, client, settings)
+        trainer = TrainerLoop(store, backend, settings)
+        await trainer.resume()
+        app = create_app(backend, sink, settings)
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30
+        )
+        runtime = Runtime(settings, backend, store, sink, judge, trainer, _Server(config))
+        await _run(runtime, sock, stop, ui=ui, on_ready=on_ready)
+    finally:
+        sock.close()
+        try:
+            if backend is not None:
+                await backend.close()
+        finally:
+            if store is not None:
+                store.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _run(
+    runtime: Runtime,
+    sock: socket.socket,
+    stop: asyncio.Event,
+    *,
+    ui: bool,
+    on_ready: Callable[[Runtime], Awaitable[None] | None] | None,
+) -> None:
+    force = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    removers = _install_signal_handlers(loop, stop, force)
+    server = runtime.server
+    # The trainer and judge stop on their own `halt` event, set only after the server has drained, so replies in
+    # flight still get captured and the final checkpoint includes the last step.
+    halt = asyncio.Event()
+    tasks: dict[str, asyncio.Task[None]] = {
+        "serve": asyncio.create_task(server.serve(sockets=[sock]), name="openclaw-serve"),
+        "expire": asyncio.create_task(_expire_idle(runtime, halt), name="openclaw-expire"),
+        "judge": asyncio.create_task(runtime.judge.run(halt), name="openclaw-judge"),
+        "train": asyncio.create_task(runtime.trainer.run(halt), name="openclaw-train"),
+    }
+    try:
+        while not server.started:
+            if tasks["serve"].done():
+                await tasks["serve"]  # surfaces the startup error
+                raise RuntimeError("the HTTP server stopped before it started")
+            await asyncio.sleep(0.02)
+        log.info("serving on %s; judging and training in the background", runtime.url)
+        if on_ready is not None:
+            result = on_ready(runtime)
+            if asyncio.iscoroutine(result):
+                await result
+        reporter = asyncio.create_task(_report(runtime, halt, ui=ui), name="openclaw-report")
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([waiter, tasks["serve"]], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        log.info("stopping: no new requests; finishing the current step")
+        server.should_exit = True
+        await _finish(tasks["serve"], force, None)
+        halt.set()
+        await _finish(tasks["train"], force, None)
+        await _finish(tasks["judge"], force, JUDGE_GRACE_S)
+        await _finish(tasks["expire"], force, 0)
+        await _finish(reporter, force, 5)
+    finally:
+        for task in tasks.values():
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for remove in removers:
+            remove()
+        log.info("stopped")
+
+
+async def _finish(task: asyncio.Task[None], force: asyncio.Event, grace_s: float | None) -> None:
+    """Wait for ``task`` (at most ``grace_s``, or until a second Ctrl-C), then cancel it; log how it ended."""
+    forced = asyncio.create_task(force.wait())
+    try:
+        done, _ = await asyncio.wait([task, forced], timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        forced.cancel()
+    if task not in done:
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        try:
+            await task
+        except Exception:
+            log.exception("%s ended with an error", task.get_name())
+
+
+def _install_signal_handlers(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event
+) -> list[Callable[[], None]]:
+    """First SIGINT/SIGTERM: orderly stop. Second: stop waiting. Only possible on the main thread (signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.warning("second interrupt: not waiting for the current step")
+            force.set()
+        else:
+            stop.set()
+
+    removers: list[Callable[[], None]] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal)
+        except (NotImplementedError, RuntimeError, ValueError):  # e.g. Windows event loops
+            continue
+        removers.append(lambda sig=sig: loop.remove_signal_handler(sig))
+    return removers
+
+
+async def _expire_idle(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Close sessions that went quiet, so their last turn becomes judgeable; failures are logged and retried."""
+    every = runtime.settings.proxy.expire_every_s
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every)
+            return
+        try:
+            expired = await runtime.sink.expire_idle()
+            if expired:
+                log.info("expired %d idle session(s)", expired)
+        except Exception as exc:
+            log.exception("expiring idle sessions failed; will retry")
+            runtime._note(f"expiry: {type(exc).__name__}: {exc}")
+
+
+async def _report(runtime: Runtime, stop: asyncio.Event, *, ui: bool) -> None:
+    """The rich Live dashboard, or a plain status line every LOG_EVERY_S seconds with --no-ui."""
+    if not ui:
+        last: str | None = None
+        while not stop.is_set():
+            line = log_line(await asyncio.to_thread(runtime.snapshot))
+            if line != last:
+                log.info("%s", line)
+                last = line
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=LOG_EVERY_S)
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(stderr=True)
+    with Live(render(await asyncio.to_thread(runtime.snapshot)), console=console, refresh_per_second=2) as live:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=REFRESH_S)
+            live.update(render(await asyncio.to_thread(runtime.snapshot)))
+
+
+def run_launch(settings: Settings, *, ui: bool) -> None:
+    """Blocking entry point of ``openclaw launch``."""
+    asyncio.run(launch(settings, ui=ui))

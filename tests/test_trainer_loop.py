@@ -1,0 +1,270 @@
+"""TrainerLoop against a real store and a recording backend double: batching, exact datums, OPD teacher scoring,
+at-most-once training, skipped batches, retries, checkpoints and resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openclaw_cli.algorithms import teacher_messages
+from openclaw_cli.capture import CapturedExchange
+from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
+from openclaw_cli.store import Store
+from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, TrainerLoop, list_checkpoints
+from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, PolicyVersion, StepResult
+
+PROMPT = [11, 12, 13]
+
+
+class RecordingBackend:
+    """Just enough of the Backend protocol for the trainer, recording every call."""
+
+    name = "recording"
+
+    def __init__(self, tokenizer: Any, state_dir: Path) -> None:
+        self._tokenizer = tokenizer
+        self.state_dir = state_dir
+        self.version = 0
+        self.step = 0
+        self.fail_forward_backward = 0
+        self.calls: list[tuple[str, Any]] = []
+        self.datums: list[list[Datum]] = []
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def current_version(self) -> PolicyVersion:
+        return PolicyVersion(self.version, f"v{self.version}")
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+        self.calls.append(("compute_logprobs", (list(tokens), base)))
+        return [None] + [-0.1 * i for i in range(1, len(tokens))]
+
+    async def forward_backward(
+        self, datums: list[Datum], loss: str, loss_config: dict[str, float] | None = None
+    ) -> FwdBwdResult:
+        self.calls.append(("forward_backward", (loss, loss_config)))
+        if self.fail_forward_backward > 0:
+            self.fail_forward_backward -= 1
+            raise RuntimeError("device lost")
+        self.datums.append(datums)
+        n_tokens = sum(sum(1 for w in d.loss_fn_inputs["weights"] if w > 0) for d in datums)
+        return FwdBwdResult(
+            loss=0.75, metrics={"n_tokens": float(n_tokens), "clip_fraction": 0.25, "kl_sampler": 0.01}, logprobs=[]
+        )
+
+    async def optim_step(self, adam: AdamParams) -> StepResult:
+        self.calls.append(("optim_step", adam))
+        self.step += 1
+        return StepResult(self.step, {"grad_norm": 0.5})
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        self.version += 1
+        self.calls.append(("publish", name))
+        return self.current_version()
+
+    async def save_state(self, name: str) -> str:
+        path = self.state_dir / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "openclaw-state.json").write_text(json.dumps({"version": self.version, "step": self.step}))
+        self.calls.append(("save_state", name))
+        return str(path)
+
+    async def load_state(self, path: str) -> PolicyVersion:
+        state = json.loads((Path(path) / "openclaw-state.json").read_text())
+        self.version, self.step = state["version"], state["step"]
+        self.calls.append(("load_state", Path(path).name))
+        return self.current_version()
+
+    def called(self, name: str) -> list[Any]:
+        return [args for call, args in self.calls if call == name]
+
+
+def exchange(session: str, messages: list[dict[str, Any]], completion: list[int], version: int) -> CapturedExchange:
+    return CapturedExchange(
+        api="openai",
+        headers={"x-session-id": session},
+        request={"model": "m", "messages": messages},
+        messages=messages,
+        tools=None,
+        model="m",
+        prompt_tokens=PROMPT,
+        completion_tokens=completion,
+        logprobs=[-0.5] * len(completion),
+        sampling_logprobs=[],
+        version=version,
+        finish_reason="stop",
+        assistant_message={"role": "assistant", "content": "reply"},
+        response={},
+        started_at=1.0,
+        first_token_at=1.0,
+        finished_at=1.0,
+    )
+
+
+class World:
+    def __init__(self, tmp_path: Path, tokenizer: Any, **train: Any) -> None:
+        train.setdefault("batch_size", 2)
+        self.settings = Settings(
+            train=TrainSettings(**train), local=LocalSettings(state_dir=tmp_path / "ckpt"), method="rl"
+        )
+        self.store = Store(tmp_path / "store.sqlite3")
+        self.capture = SessionCapture(self.store, self.settings)
+        self.backend = RecordingBackend(tokenizer, tmp_path / "ckpt")
+        self.sessions = 0
+
+    def loop(self) -> TrainerLoop:
+        return TrainerLoop(self.store, self.backend, self.settings)  # type: ignore[arg-type]
+
+    def ready_turn(
+        self, completion: list[int], *, version: int = 0, score: int | None = None, hint: str | None = None
+    ) -> int:
+        """A one-turn session, ended (so the turn is ready) and, if ``score`` is given, judged."""
+        self.sessions += 1
+        session = f"s{self.sessions}"
+        messages = [{"role": "user", "content": f"question {self.sessions}"}]
+        turn = self.capture.record_sync(exchange(session, messages, completion, version))
+        self.capture.end_session_sync(session)
+        if score is not None:
+            verdict = {"score": score, "hint": hint, "votes": [score]}
+            self.store.complete("judge", turn.turn_id, json.dumps(verdict), reward=score)
+        return turn.turn_id
+
+
+@pytest.fixture
+def world(tmp_path: Path, tiny_tokenizer: Any):
+    built = World(tmp_path, tiny_tokenizer)
+    yield built
+    built.store.close()
+
+
+def completion_part(datum: Datum, key: str) -> list[float]:
+    return datum.loss_fn_inputs[key][len(PROMPT) - 1 :]
+
+
+async def test_waits_for_a_full_judged_batch_then_trains_once_with_exact_datums(world: World) -> None:
+    loop = world.loop()
+    first = world.ready_turn([21, 22], score=1)
+    world.ready_turn([31, 32, 33], score=None)  # ready but not judged: the trainer must not see it
+    assert await loop.run_once() is None
+    assert world.backend.called("forward_backward") == []
+
+    second = world.ready_turn([41, 42, 43, 44], score=-1)
+    report = await loop.run_once()
+    assert report is not None
+    assert (report.step, report.version) == (1, 1)
+    assert report.trained_turn_ids == [first, second] == report.batch_turn_ids
+
+    (datums,) = world.backend.datums
+    # Per-sample token mean, averaged over the 2 samples: +1 / (2 tokens * 2), -1 / (4 tokens * 2).
+    assert completion_part(datums[0], "advantages") == [0.25, 0.25]
+    assert completion_part(datums[1], "advantages") == [-0.125] * 4
+    assert completion_part(datums[0], "logprobs") == [-0.5, -0.5]
+    assert datums[1].model_input == [*PROMPT, 41, 42, 43]
+    assert world.backend.called("forward_backward") == [
+        ("ppo", {"clip_low_threshold": pytest.approx(0.8), "clip_high_threshold": pytest.approx(1.28)})
+    ]
+    train = world.settings.train
+    assert world.backend.called("optim_step") == [
+        AdamParams(train.lr, train.adam_beta1, train.adam_beta2, weight_decay=0.0, grad_clip_norm=1.0)
+    ]
+    assert world.backend.called("publish") == ["step-00000001"]
+
+    ((step, version, _, metrics),) = world.store.steps()
+    assert (step, version) == (1, 1)
+    assert metrics["mean_reward"] == 0.0 and metrics["n_samples"] == 2 and metrics["tokens"] == 6
+    assert metrics["clip_fraction"] == 0.25 and metrics["kl_sampler"] == 0.01 and metrics["dropped_stale"] == 0
+    assert world.store.result_of("trainer", first) == {"trained": True, "step": 1, "version": 1}
+
+    # Completed for "trainer": never trained again, even after a restart.
+    assert await world.loop().run_once() is None
+    assert len(world.backend.datums) == 1
+
+
+async def test_a_batch_without_signal_is_completed_without_a_step(world: World) -> None:
+    ids = [world.ready_turn([21], score=0), world.ready_turn([22], score=0)]
+    assert await world.loop().run_once() is None
+    assert world.backend.called("forward_backward") == [] and world.store.steps() == []
+    for turn_id in ids:
+        assert world.store.result_of("trainer", turn_id)["trained"] is False
+
+
+async def test_stale_samples_are_dropped_and_counted(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    world = World(tmp_path, tiny_tokenizer, max_staleness=1)
+    world.backend.version = 3
+    stale = world.ready_turn([21, 22], version=1, score=1)
+    fresh = world.ready_turn([23, 24], version=2, score=1)
+    report = await world.loop().run_once()
+    assert report is not None and report.trained_turn_ids == [fresh]
+    assert report.metrics["dropped_stale"] == 1
+    assert completion_part(world.backend.datums[0][0], "advantages") == [0.5, 0.5]  # one sample left: 1 / 2 tokens
+    assert world.store.result_of("trainer", stale) == {"trained": False, "step": 1, "version": 4}
+    world.store.close()
+
+
+async def test_opd_scores_the_completion_with_the_base_model_in_the_hinted_context(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1)
+    world.settings.method = "opd"
+    world.ready_turn([21, 22], score=1, hint="Answer in one word.")
+    report = await world.loop().run_once()
+    assert report is not None and report.metrics["teacher_hints"] == 1
+
+    messages = teacher_messages([{"role": "user", "content": "question 1"}], "Answer in one word.")
+    teacher_prompt = tiny_tokenizer.render(messages, None)
+    assert world.backend.called("compute_logprobs") == [([*teacher_prompt, 21, 22], True)]
+    # Teacher logprob at position i is -0.1 i (the double); A = clip(teacher - old, +-1) / 2 tokens.
+    n = len(teacher_prompt)
+    expected = [max(-1.0, min(1.0, -0.1 * (n + j) + 0.5)) / 2 for j in range(2)]
+    assert completion_part(world.backend.datums[0][0], "advantages") == pytest.approx(expected)
+    world.store.close()
+
+
+async def test_a_failing_step_is_retried_then_skipped_and_serving_keeps_its_version(world: World) -> None:
+    world.backend.fail_forward_backward = 1
+    ids = [world.ready_turn([21], score=1), world.ready_turn([22], score=-1)]
+    loop = world.loop()
+    assert await loop.run_once() is None  # failed: kept for a retry
+    assert world.store.result_of("trainer", ids[0]) is None
+    report = await loop.run_once()
+    assert report is not None and report.batch_turn_ids == ids  # the same batch, trained once
+
+    world.backend.fail_forward_backward = MAX_STEP_ATTEMPTS
+    more = [world.ready_turn([23], score=1), world.ready_turn([24], score=1)]
+    for _ in range(MAX_STEP_ATTEMPTS):
+        assert await loop.run_once() is None
+    assert world.backend.version == 1  # nothing published for the failed batch
+    assert world.store.result_of("trainer", more[0]) == {"trained": False, "error": "RuntimeError: device lost"}
+    assert loop.stats.failures == MAX_STEP_ATTEMPTS + 1
+
+
+async def test_checkpoints_every_n_steps_on_shutdown_and_resumes(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1, checkpoint_every=2)
+    for _ in range(3):
+        world.ready_turn([21], score=1)
+    loop = world.loop()
+    stop = asyncio.Event()
+    runner = asyncio.create_task(loop.run(stop))
+    while loop.stats.steps < 3:
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(runner, timeout=5)
+    assert world.backend.called("save_state") == ["step-00000002", "step-00000003"]  # every 2, then on shutdown
+    assert [n for n, _ in list_checkpoints(tmp_path / "ckpt")] == [2, 3]
+
+    restarted = RecordingBackend(tiny_tokenizer, tmp_path / "ckpt")
+    world.backend = restarted
+    resumed = world.loop()
+    assert await resumed.resume() == 3
+    assert restarted.called("load_state") == ["step-00000003"] and restarted.version == 3
+    world.ready_turn([22], score=1)
+    report = await resumed.run_once()
+    assert report is not None and report.step == 4
+    assert [s for s, *_ in world.store.steps()] == [1, 2, 3, 4]
+    world.store.close()
