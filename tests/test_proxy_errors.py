@@ -200,7 +200,7 @@ def test_context_overflow_is_400_and_budget_is_capped(make_proxy, tiny_tokenizer
         proxy.post(CHAT, {"model": "openclaw", "messages": long_chat}), 400, code="context_length_exceeded"
     )
     n_prompt = len(small.render(long_chat))
-    assert f"prompt is {n_prompt} tokens" in message and "context window is 40 tokens" in message
+    assert f"prompt is too long: {n_prompt} tokens > 39 maximum" in message and "context window is 40 tokens" in message
     message = assert_anthropic_error(
         proxy.post(MESSAGES, {**ANTHROPIC_OK, "messages": long_chat}), 400, "invalid_request_error"
     )

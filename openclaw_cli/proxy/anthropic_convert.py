@@ -1,8 +1,9 @@
 """Anthropic Messages request -> OpenAI-format messages and tools (the form the chat template renders and the store
 keeps), and the reverse mapping for tool-call ids.
 
-- ``system`` (string or text blocks) -> one leading system message (blocks joined by a blank line); a
-  ``role: "system"`` message inside the list is kept as a system message where it stands.
+- ``system`` (string or text blocks) -> one leading system message (blocks joined by a blank line, Claude Code's
+  ``x-anthropic-billing-header:`` block left out); a ``role: "system"`` message inside the list is kept as a system
+  message where it stands.
 - user blocks: text / image -> content parts; ``tool_result`` -> an OpenAI ``tool`` message (content string or
   blocks; ``is_error`` prefixes the content with ``[error] `` so the model can tell a failed call).
 - assistant blocks: text -> content; ``tool_use`` -> ``tool_calls`` (arguments = the input as JSON text);
@@ -19,6 +20,11 @@ from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.types import Message
 
 TOOL_ERROR_PREFIX = "[error] "
+# Claude Code starts its system prompt with a block of billing attribution for Anthropic's API
+# ("x-anthropic-billing-header: cc_version=2.1.197.73f; cc_entrypoint=sdk-cli;"). It is metadata, not an
+# instruction, and its fingerprint changes with every conversation: kept, it would put per-conversation noise at
+# the head of every prompt the policy is served and trained on (and defeat prefix caching). Such a block is dropped.
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 
 
 def system_text(system: Any) -> str:
@@ -31,6 +37,8 @@ def system_text(system: Any) -> str:
         for i, block in enumerate(system):
             if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
                 raise ProxyError(400, f"system[{i}] must be a text block", param="system")
+            if block["text"].startswith(BILLING_HEADER_PREFIX):
+                continue
             texts.append(block["text"])
         return "\n\n".join(texts)
     raise ProxyError(400, "'system' must be a string or an array of text blocks", param="system")

@@ -103,6 +103,12 @@ def _add_control_routes(app: FastAPI) -> None:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    # Claude Code warms its connection with an unauthenticated ``HEAD <ANTHROPIC_BASE_URL>`` at start-up; answering
+    # it (rather than 404/401) keeps that probe, and any browser or load-balancer check of the root, clean.
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> dict[str, str]:
+        return {"status": "ok", "service": "openclaw proxy"}
+
     @app.get("/v1/openclaw/status")
     async def status(request: Request) -> dict[str, Any]:
         state = proxy_state(request)

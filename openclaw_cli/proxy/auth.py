@@ -1,4 +1,4 @@
-"""API-key check for every endpoint but the health probe.
+"""API-key check for every endpoint but the liveness probes (``/healthz`` and the root).
 
 Clients send the key the way their SDK does: OpenAI's and Claude Code's ``ANTHROPIC_AUTH_TOKEN`` as
 ``Authorization: Bearer <key>``, Anthropic's SDK as ``x-api-key: <key>``; either is accepted. Keys are compared with
@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/", "/healthz"})  # liveness probes only: they reveal nothing and run nothing
 
 
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:

@@ -64,7 +64,9 @@ async def prepare_prompt(
 
     The reply budget is the client's max_tokens (or ``default_max_tokens``) capped by what the context window has
     left, rather than refusing: agents such as Claude Code ask for 32k output tokens by default, far beyond a small
-    model's window. A prompt that leaves no room at all is a 400 ("context_length_exceeded").
+    model's window. A prompt that leaves no room at all is a 400 ("context_length_exceeded"), worded as Anthropic's
+    API words it ("prompt is too long: N tokens > M maximum"): Claude Code parses exactly that to report the overflow
+    and compact its conversation.
     """
     tokenizer = backend.tokenizer()
     prompt = await render_prompt(backend, messages, tools)
@@ -73,8 +75,8 @@ async def prepare_prompt(
     if room < 1:
         raise ProxyError(
             400,
-            f"prompt is {len(prompt)} tokens but the model's context window is {context} tokens "
-            "(at least 1 token must be left for the reply); shorten the conversation",
+            f"prompt is too long: {len(prompt)} tokens > {context - 1} maximum (the model's context window is "
+            f"{context} tokens and at least 1 must be left for the reply); shorten the conversation",
             param="messages",
             code="context_length_exceeded",
         )

@@ -71,8 +71,12 @@ def error_body(err: ProxyError, api: ApiKind) -> dict[str, Any]:
 
 
 def error_response(err: ProxyError, api: ApiKind) -> JSONResponse:
-    headers = {"retry-after": str(err.retry_after_s)} if err.retry_after_s is not None else None
-    return JSONResponse(error_body(err, api), status_code=err.status_for(api), headers=headers)
+    headers = {"retry-after": str(err.retry_after_s)} if err.retry_after_s is not None else {}
+    if err.kind == "authentication":
+        # Claude Code retries a 401 (in case its credentials were refreshed meanwhile) for minutes, silently,
+        # unless told not to; both SDKs and Claude Code honour this header, so a wrong key fails at once.
+        headers["x-should-retry"] = "false"
+    return JSONResponse(error_body(err, api), status_code=err.status_for(api), headers=headers or None)
 
 
 def api_for_path(path: str) -> ApiKind:
