@@ -67,6 +67,12 @@ class TrainSettings(_Section):
     eps_high: float = Field(0.28, ge=0.0, description="PPO clip: ratio <= 1 + eps_high.")
     w_opd: float = Field(1.0, ge=0.0, description="Hybrid weight of the OPD advantage.")
     w_rl: float = Field(1.0, ge=0.0, description="Hybrid weight of the binary RL reward.")
+    baseline_decay: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Binary RL running-mean reward baseline (EMA decay); 0 = no baseline, as the reference method.",
+    )
     max_staleness: int = Field(4, ge=0, description="Samples older than this many policy versions are dropped.")
     checkpoint_every: int = Field(20, ge=1)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openclaw_cli.algorithms import TrainSample, build_datums, ppo_loss_config, teacher_messages
+from openclaw_cli.algorithms import RunningBaseline, TrainSample, build_datums, ppo_loss_config, teacher_messages
 from openclaw_cli.backend import Backend
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -102,6 +102,7 @@ class TrainerLoop:
         self._last_checkpoint_step: int | None = None
         self._pending: dict[int, TurnRecord] = {}  # claimed, waiting for a full batch (insertion = ready order)
         self._attempts = 0
+        self._baseline = RunningBaseline(decay=settings.train.baseline_decay)
 
     @property
     def state_dir(self) -> Path:
@@ -199,7 +200,10 @@ class TrainerLoop:
         current_version = self.backend.current_version().version
         samples, rewards, unusable = await self._samples(batch)
         stale = [s.turn_id for s in samples if current_version - s.version > train.max_staleness]
-        datums, trained_ids = build_datums(samples, method, train, current_version=current_version)
+        # The baseline for this batch is the running mean *before* it (a batch never centres on itself); it is
+        # folded in only once the step has happened, so a retried step sees the same baseline.
+        baseline = self._baseline.value
+        datums, trained_ids = build_datums(samples, method, train, current_version=current_version, baseline=baseline)
         if not datums:
             self.stats.skipped_batches += 1
             log.info("batch of %d turns has no usable signal (%s); no step", len(batch), method)
@@ -215,6 +219,7 @@ class TrainerLoop:
             grad_clip_norm=train.grad_clip_norm,
         )
         optim = await self.backend.optim_step(adam)
+        self._baseline.update([r for r in rewards if r != 0])
         # The update is in the trainer from here on: the turns count as trained even if publishing fails.
         step = self.step + 1
         self.step = step
@@ -311,6 +316,7 @@ class TrainerLoop:
                     version=turn.version,
                     reward=reward,
                     teacher_logprobs=teacher,
+                    has_next_state=turn.next_state is not None,
                 )
             )
         return samples, rewards, unusable

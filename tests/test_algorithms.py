@@ -114,3 +114,21 @@ def test_ppo_loss_config_from_eps() -> None:
     assert ppo_loss_config(TrainSettings(eps_low=0.2, eps_high=0.28)) == pytest.approx(
         {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28}
     )
+
+
+def test_at_least_one_sample_per_session_rule() -> None:
+    train = TrainSettings()
+    samples = [
+        _sample(1, 0),  # session s: only score-0 turns -> the first one with a next state is kept
+        _sample(2, 0),
+        TrainSample(7, "t", [5], [9, 9], [-1.0, -1.0], 0, reward=1),  # session t has a signal
+        TrainSample(8, "t", [5], [9], [-1.0], 0, reward=0),
+        TrainSample(9, "u", [5], [9], [-1.0], 0, reward=0, has_next_state=False),  # ended: no next state
+    ]
+    datums, ids = build_datums(samples, "rl", train, current_version=0, baseline=0.5)
+    assert ids == [1, 7]
+    # turn 1: A = (0 - 0.5) / (2 tokens * 2 samples); turn 7: (1 - 0.5) / (2 * 2)
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.0, -0.125, -0.125])
+    assert datums[1].loss_fn_inputs["advantages"] == pytest.approx([0.125, 0.125])  # 1-token prompt: no pad
+    # OPD has no reward term: the rule does not apply
+    assert build_datums(samples, "opd", train, current_version=0)[1] == []

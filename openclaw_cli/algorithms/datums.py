@@ -26,6 +26,7 @@ class TrainSample:
     version: int  # policy version that produced it
     reward: float | None = None  # PRM majority in {-1, 0, +1}; None = not judged for RL
     teacher_logprobs: list[float] | None = None  # log pi_teacher(a_t | s + hint); None = no accepted hint
+    has_next_state: bool = True  # False when the session ended right after this turn
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
@@ -66,11 +67,17 @@ def build_datums(
     - Samples more than ``train.max_staleness`` versions behind ``current_version`` are dropped (not down-weighted):
       their sampler logprobs no longer describe the policy being trained, and the PPO clip alone does not bound
       the bias of a far off-policy sample.
-    - A sample with no usable signal (RL: reward 0 or unjudged; OPD: no hint) is left out.
+    - A sample with no usable signal (RL: reward 0 or unjudged; OPD: no hint) is left out, except for the
+      "at least one sample per session" rule of the RL term (methods rl and combined): when none of a session's
+      samples in the batch carries a signal, its first score-0 turn that has a next state is kept with the RL
+      advantage ``w_rl * (0 - baseline)``. Without a baseline that adds no gradient, only a share of the
+      normalisation (as a loss-mask-1 sample does in the reference method); with ``train.baseline_decay`` it
+      pushes an "ambiguous" turn down by how much better than that the policy usually does.
     - Loss normalisation: backends sum over tokens, so each sample's advantages are divided by its length and by
       the number of samples: the step optimises the mean over samples of the per-sample token mean.
     """
     kept: list[tuple[TrainSample, list[float]]] = []
+    zero_score: dict[str, TrainSample] = {}  # first score-0 turn with a next state, per session
     for sample in samples:
         if current_version - sample.version > train.max_staleness:
             continue
@@ -79,6 +86,16 @@ def build_datums(
         advantages = _advantages(sample, method, train, baseline)
         if advantages is not None:
             kept.append((sample, advantages))
+        elif sample.reward == 0 and sample.has_next_state:
+            zero_score.setdefault(sample.session_id, sample)
+    if method != "opd":
+        represented = {sample.session_id for sample, _ in kept}
+        weight = 1.0 if method == "rl" else train.w_rl
+        for session_id, sample in zero_score.items():
+            if session_id not in represented:
+                n = len(sample.completion_tokens)
+                kept.append((sample, [weight * a for a in binary_rl_advantages(0.0, n, baseline)]))
+        kept.sort(key=lambda item: item[0].turn_id)
     datums = []
     for sample, advantages in kept:
         scale = 1.0 / (len(advantages) * len(kept))
