@@ -700,30 +700,21 @@ def _optional_attr(module_name: str, attr: str, feature: str) -> Callable[..., A
 # becomes a command that says so instead of breaking the whole CLI.
 
 
-def _export_command() -> click.Command:
-    feature = "export (openclaw export)"
-    try:
-        export_function = _optional_attr("openclaw_cli.export", "export_command", feature)
-    except CliFailure as exc:
-        return _unavailable_command("export", str(exc))
-    holder = typer.Typer(add_completion=False)
-    holder.command(name="export")(export_function)
-    command = typer.main.get_command(holder)
-    command.name = "export"
-    return command
+def _lazy_typer_command(name: str, module: str, attr: str) -> Callable[[], click.Command]:
+    """A loader for a typer-annotated function ``module.attr`` registered as command ``name``."""
 
+    def load() -> click.Command:
+        try:
+            function = _optional_attr(module, attr, f"{name} (openclaw {name})")
+        except CliFailure as exc:
+            return _unavailable_command(name, str(exc))
+        holder = typer.Typer(add_completion=False)
+        holder.command(name=name)(function)
+        command = typer.main.get_command(holder)
+        command.name = name
+        return command
 
-def _eval_command() -> click.Command:
-    feature = "eval (openclaw eval)"
-    try:
-        eval_function = _optional_attr("openclaw_cli.eval", "eval_command", feature)
-    except CliFailure as exc:
-        return _unavailable_command("eval", str(exc))
-    holder = typer.Typer(add_completion=False)
-    holder.command(name="eval")(eval_function)
-    command = typer.main.get_command(holder)
-    command.name = "eval"
-    return command
+    return load
 
 
 def _unavailable_command(name: str, reason: str) -> click.Command:
@@ -738,7 +729,10 @@ def _unavailable_command(name: str, reason: str) -> click.Command:
     )
 
 
-LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {"export": _export_command, "eval": _eval_command}
+LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {
+    "export": _lazy_typer_command("export", "openclaw_cli.export", "export_command"),
+    "eval": _lazy_typer_command("eval", "openclaw_cli.eval", "eval_command"),
+}
 
 
 def main() -> None:
