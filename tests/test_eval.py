@@ -32,6 +32,7 @@ from openclaw_cli.eval import (
 )
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings
 from openclaw_cli.store import NewTurn, Store
+from openclaw_cli.testing.store_turns import new_turn
 
 A = PolicyChoice("base", 0)
 B = PolicyChoice("v1", 1)
@@ -176,34 +177,17 @@ def test_prompt_file_is_read_and_checked(tmp_path: Path) -> None:
 
 
 def _turn(session_id: str, index: int, text: str, *, turn_type: str = "main", created_at: float = 100.0) -> NewTurn:
-    return NewTurn(
-        session_id=session_id,
-        parent_turn_id=None,
-        turn_index=index if turn_type == "main" else -1,
+    return new_turn(
+        session_id,
+        index=index,
         turn_type=turn_type,
-        type_reason="test",
         status="ready" if turn_type == "main" else "skipped",
-        api="openai",
-        model="m",
-        stream=False,
-        choice_index=0,
-        messages=[{"role": "user", "content": text}],
-        tools=None,
-        request={"model": "m"},
-        response={},
-        assistant_message={"role": "assistant", "content": "old reply"},
-        headers={},
-        metadata={},
-        prompt_tokens=[1, 2],
-        completion_tokens=[3],
-        logprobs=[-1.0],
-        sampling_logprobs=[],
-        version=0,
-        finish_reason="stop",
+        user_text=text,
+        reply_text="old reply",
+        created_at=created_at,
         started_at=created_at,
         first_token_at=created_at,
         finished_at=created_at,
-        created_at=created_at,
     )
 
 

@@ -37,6 +37,7 @@ from openclaw_cli.judge_prompts import (
 )
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import NewTurn, Store
+from openclaw_cli.testing.store_turns import new_turn
 from openclaw_cli.types import SampleResult, SamplingParams
 
 
@@ -139,35 +140,7 @@ def test_clip_middle_keeps_head_and_tail() -> None:
 
 # --- store helpers -------------------------------------------------------------------------------------------------
 def _turn(index: int, user_text: str, reply_text: str) -> NewTurn:
-    return NewTurn(
-        session_id="s",
-        parent_turn_id=None,
-        turn_index=index,
-        turn_type="main",
-        type_reason="test",
-        status="pending",
-        api="openai",
-        model="m",
-        stream=False,
-        choice_index=0,
-        messages=[{"role": "user", "content": user_text}],
-        tools=None,
-        request={"model": "m"},
-        response={},
-        assistant_message={"role": "assistant", "content": reply_text},
-        headers={},
-        metadata={},
-        prompt_tokens=[1, 2],
-        completion_tokens=[3],
-        logprobs=[-1.0],
-        sampling_logprobs=[],
-        version=0,
-        finish_reason="stop",
-        started_at=0.0,
-        first_token_at=0.0,
-        finished_at=0.0,
-        created_at=100.0,
-    )
+    return new_turn(index=index, status="pending", user_text=user_text, reply_text=reply_text)
 
 
 THANKS = "thanks, that works"

@@ -26,6 +26,7 @@ from openclaw_cli.store import (
     unpack_floats,
     unpack_ints,
 )
+from openclaw_cli.testing.store_turns import new_turn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,35 +36,7 @@ def _mode(path: Path) -> int:
 
 
 def _turn(session_id: str, *, turn_type: str = "main", status: str = "ready", index: int = 0) -> NewTurn:
-    return NewTurn(
-        session_id=session_id,
-        parent_turn_id=None,
-        turn_index=index if turn_type == "main" else -1,
-        turn_type=turn_type,
-        type_reason="test",
-        status=status,
-        api="openai",
-        model="m",
-        stream=False,
-        choice_index=0,
-        messages=[{"role": "user", "content": "hi"}],
-        tools=None,
-        request={"model": "m"},
-        response={},
-        assistant_message={"role": "assistant", "content": "yo"},
-        headers={},
-        metadata={},
-        prompt_tokens=[1, 2],
-        completion_tokens=[3],
-        logprobs=[-1.0],
-        sampling_logprobs=[],
-        version=0,
-        finish_reason="stop",
-        started_at=0.0,
-        first_token_at=0.0,
-        finished_at=0.0,
-        created_at=100.0,
-    )
+    return new_turn(session_id, turn_type=turn_type, status=status, index=index)
 
 
 def _seed(store: Store, specs: list[tuple[str, str]]) -> list[int]:

@@ -1,0 +1,53 @@
+"""A ready-made :class:`~openclaw_cli.store.NewTurn` for tests that seed a store directly (no proxy, no model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openclaw_cli.store import NewTurn
+
+
+def new_turn(
+    session_id: str = "s",
+    *,
+    index: int = 0,
+    turn_type: str = "main",
+    status: str = "ready",
+    user_text: str = "hi",
+    reply_text: str = "yo",
+    created_at: float = 100.0,
+    **overrides: Any,
+) -> NewTurn:
+    """One user message and one assistant reply with 2 prompt tokens and 1 completion token; side turns get
+    turn_index -1 as the session logic gives them. Any NewTurn field can be overridden by keyword."""
+    fields: dict[str, Any] = {
+        "session_id": session_id,
+        "parent_turn_id": None,
+        "turn_index": index if turn_type == "main" else -1,
+        "turn_type": turn_type,
+        "type_reason": "test",
+        "status": status,
+        "api": "openai",
+        "model": "m",
+        "stream": False,
+        "choice_index": 0,
+        "messages": [{"role": "user", "content": user_text}],
+        "tools": None,
+        "request": {"model": "m"},
+        "response": {},
+        "assistant_message": {"role": "assistant", "content": reply_text},
+        "headers": {},
+        "metadata": {},
+        "prompt_tokens": [1, 2],
+        "completion_tokens": [3],
+        "logprobs": [-1.0],
+        "sampling_logprobs": [],
+        "version": 0,
+        "finish_reason": "stop",
+        "started_at": 0.0,
+        "first_token_at": 0.0,
+        "finished_at": 0.0,
+        "created_at": created_at,
+    }
+    fields.update(overrides)
+    return NewTurn(**fields)
