@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch first and pinned: a version range makes pip pick a multi-GB CUDA build on CPU-only machines.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= local,dev
+# Tests drive the tinker and fireworks-ai SDKs against local test doubles, so both are installed for `make test`.
+EXTRAS ?= local,dev,tinker,fireworks
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -33,7 +34,7 @@ test: venv lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench:
-	$(MAKE) venv EXTRAS=local,dev,bench
+	$(MAKE) venv EXTRAS=local,dev,tinker,fireworks,bench
 	$(PY) bench/local_step.py
 
 clean:

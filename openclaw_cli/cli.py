@@ -732,6 +732,9 @@ def _unavailable_command(name: str, reason: str) -> click.Command:
 LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {
     "export": _lazy_typer_command("export", "openclaw_cli.export", "export_command"),
     "eval": _lazy_typer_command("eval", "openclaw_cli.eval", "eval_command"),
+    "connect": _lazy_typer_command("connect", "openclaw_cli.connect", "connect_command"),
+    "train": _lazy_typer_command("train", "openclaw_cli.envrl.cli", "train_command"),
+    "rollback": _lazy_typer_command("rollback", "openclaw_cli.rollback", "rollback_command"),
 }
 
 
