@@ -1,15 +1,19 @@
-"""Config templates for `openclaw init`: commented TOML files in the repository's top-level ``templates/``.
+"""Config templates for `openclaw init`: commented TOML files shipped as package data in ``openclaw_cli/templates/``.
 
-A template's first line is a ``# `` comment holding its one-line description (what `openclaw init --list` shows).
-The package is installed editable, so the templates are found next to the package directory.
+They are read through :mod:`importlib.resources`, so they are found in a regular (wheel) install, an editable
+install and a zipped package alike. A template's first line is a ``# `` comment holding its one-line description
+(what `openclaw init --list` shows). The repository's top-level ``templates`` is a link to the same directory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_PACKAGE = "openclaw_cli"
+TEMPLATES_SUBDIR = "templates"
 DEFAULT_TEMPLATE = "personal-agent"
 TEMPLATE_SUFFIX = ".toml"
 
@@ -22,28 +26,34 @@ class TemplateError(Exception):
 class Template:
     name: str
     description: str
-    path: Path
+    path: Traversable  # a pathlib.Path for a directory on disk; a zip entry when the package is zipped
 
     def text(self) -> str:
         return self.path.read_text(encoding="utf-8")
 
 
-def templates_dir(root: Path | None = None) -> Path:
-    directory = root or TEMPLATES_DIR
+def templates_dir(root: Path | Traversable | None = None) -> Traversable:
+    """``root`` if given (tests), else the package's own template directory."""
+    directory = root if root is not None else resources.files(TEMPLATES_PACKAGE).joinpath(TEMPLATES_SUBDIR)
     if not directory.is_dir():
         raise TemplateError(
-            f"config templates not found at {directory} (openclaw-cli expects an editable install: pip install -e .)"
+            f"config templates not found at {directory}: this openclaw-cli install is incomplete "
+            "(reinstall it: pip install --force-reinstall openclaw-cli, or pip install -e . from a checkout)"
         )
     return directory
 
 
-def list_templates(root: Path | None = None) -> list[Template]:
+def list_templates(root: Path | Traversable | None = None) -> list[Template]:
     """Every template, sorted by name."""
     directory = templates_dir(root)
-    return [Template(path.stem, _description(path), path) for path in sorted(directory.glob(f"*{TEMPLATE_SUFFIX}"))]
+    found = [item for item in directory.iterdir() if item.is_file() and item.name.endswith(TEMPLATE_SUFFIX)]
+    return [
+        Template(item.name.removesuffix(TEMPLATE_SUFFIX), _description(item), item)
+        for item in sorted(found, key=lambda item: item.name)
+    ]
 
 
-def get_template(name: str, root: Path | None = None) -> Template:
+def get_template(name: str, root: Path | Traversable | None = None) -> Template:
     templates = {template.name: template for template in list_templates(root)}
     if name not in templates:
         known = ", ".join(templates) or "none"
@@ -51,7 +61,7 @@ def get_template(name: str, root: Path | None = None) -> Template:
     return templates[name]
 
 
-def write_template(name: str, dest: Path, *, force: bool = False, root: Path | None = None) -> Template:
+def write_template(name: str, dest: Path, *, force: bool = False, root: Path | Traversable | None = None) -> Template:
     """Write template ``name`` to ``dest``; refuses to replace an existing file unless ``force``."""
     template = get_template(name, root)
     if dest.is_dir():
@@ -69,7 +79,7 @@ def write_template(name: str, dest: Path, *, force: bool = False, root: Path | N
     return template
 
 
-def _description(path: Path) -> str:
-    with path.open(encoding="utf-8") as handle:
+def _description(item: Traversable) -> str:
+    with item.open("r", encoding="utf-8") as handle:
         first = handle.readline().strip()
     return first.lstrip("#").strip() if first.startswith("#") else "(no description)"
