@@ -1,0 +1,201 @@
+"""The Fireworks backend: serving from a Fireworks deployment, training in one of two modes.
+
+``fireworks.mode``:
+
+- ``stepwise`` (default): the Tinker-compatible step-wise training SDK (``fireworks.training.sdk``, private preview)
+  — :class:`backends.fireworks.stepwise.FireworksStepwiseBackend`, imported on start;
+- ``batch``: judged samples become SFT jobs warm-started from the last LoRA, each new LoRA is loaded onto the
+  deployment and then served — :class:`backends.fireworks.batch.FireworksBatchBackend`. Works on any account.
+
+:class:`FireworksBackend` (the ``fireworks`` entry point) picks the mode on :meth:`FireworksBackend.start` and hands
+every protocol call to it. Construction does no I/O and imports neither mode.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import AsyncIterator
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
+
+from openclaw_cli.backend import BackendError, Check, NotYetAvailable
+from openclaw_cli.settings import env_secret
+from openclaw_cli.types import (
+    AdamParams,
+    Datum,
+    FwdBwdResult,
+    LossName,
+    PolicyVersion,
+    SampleResult,
+    SamplingParams,
+    StepResult,
+    StreamEvent,
+)
+
+if TYPE_CHECKING:
+    from openclaw_cli.backend import Backend, ChatTokenizer
+    from openclaw_cli.settings import Settings
+
+STEPWISE_MODULE = "backends.fireworks.stepwise"
+TRAINING_SDK_MODULE = "fireworks.training.sdk"
+KEY_ENV, ACCOUNT_ENV = "FIREWORKS_API_KEY", "FIREWORKS_ACCOUNT_ID"
+_USE_BATCH = "set fireworks.mode = 'batch' (SFT jobs on any account)"
+
+
+class FireworksBackend:
+    """Delegates the Backend protocol to the mode ``settings.fireworks.mode`` selects (see the module docstring)."""
+
+    name = "fireworks"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.mode = settings.fireworks.mode
+        self.impl: Backend | None = None
+
+    def _make_impl(self) -> Backend:
+        if self.mode == "stepwise":
+            try:
+                module = importlib.import_module(STEPWISE_MODULE)
+            except ModuleNotFoundError as exc:
+                if exc.name == STEPWISE_MODULE:
+                    raise NotYetAvailable(f"the Fireworks step-wise mode is not built yet; {_USE_BATCH}") from exc
+                raise BackendError(f"the Fireworks step-wise mode cannot be imported ({exc}); {_USE_BATCH}") from exc
+            return module.FireworksStepwiseBackend(self.settings)
+        from backends.fireworks.batch import FireworksBatchBackend
+
+        return FireworksBatchBackend(self.settings)
+
+    def _require(self) -> Backend:
+        if self.impl is None:
+            raise BackendError("the Fireworks backend is not started; call start() first")
+        return self.impl
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.impl is not None:
+            return
+        impl = self._make_impl()
+        await impl.start()
+        self.impl = impl
+
+    async def close(self) -> None:
+        if self.impl is not None:
+            await self.impl.close()
+
+    # -- protocol, delegated --------------------------------------------------------------------------------------
+
+    def tokenizer(self) -> ChatTokenizer:
+        return self._require().tokenizer()
+
+    def current_version(self) -> PolicyVersion:
+        return self._require().current_version()
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        return await self._require().sample(prompt_tokens, params, version)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        return self._require().stream(prompt_tokens, params, version)
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+        return await self._require().compute_logprobs(tokens, base=base)
+
+    async def forward_backward(
+        self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
+    ) -> FwdBwdResult:
+        return await self._require().forward_backward(datums, loss, loss_config)
+
+    async def optim_step(self, adam: AdamParams) -> StepResult:
+        return await self._require().optim_step(adam)
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        return await self._require().publish(name)
+
+    async def save_state(self, name: str) -> str:
+        return await self._require().save_state(name)
+
+    async def load_state(self, path: str) -> PolicyVersion:
+        return await self._require().load_state(path)
+
+    # -- readiness ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def diagnose(cls, settings: Settings) -> list[Check]:
+        """SDK, credentials, model/tokenizer settings and the chosen mode's prerequisites. No network calls."""
+        fw = settings.fireworks
+        checks: list[Check] = []
+        installed = find_spec("fireworks") is not None
+        version = _version("fireworks-ai") if installed else None
+        checks.append(
+            Check(
+                "sdk installed",
+                installed,
+                f"fireworks-ai {version}" if installed else "pip install 'openclaw-cli[fireworks]'",
+            )
+        )
+        key = env_secret(fw.api_key, KEY_ENV)
+        checks.append(Check("api key", key is not None, "set" if key else f"set {KEY_ENV} or fireworks.api_key"))
+        account = fw.account_id or os.environ.get(ACCOUNT_ENV)
+        checks.append(Check("account id", bool(account), account or f"set {ACCOUNT_ENV} or fireworks.account_id"))
+        from backends.fireworks.control import resolve_base_model, resolve_tokenizer_source
+
+        base = resolve_base_model(settings)
+        base_hint = "set fireworks.base_model (accounts/.../models/...)"
+        checks.append(Check("base model", base is not None, base or base_hint))
+        tokenizer = resolve_tokenizer_source(settings)
+        checks.append(
+            Check("tokenizer", tokenizer is not None, tokenizer or "set fireworks.tokenizer (HF id or local path)")
+        )
+        deployment = fw.deployment or "created on start (fireworks.max_deployments caps it)"
+        checks.append(Check("deployment", True, f"{deployment}; LoRA serving: {fw.addon_mode}"))
+        checks.extend(_mode_checks(settings))
+        return checks
+
+
+def _mode_checks(settings: Settings) -> list[Check]:
+    fw = settings.fireworks
+    if fw.mode == "batch":
+        return [
+            Check(
+                "mode",
+                True,
+                f"batch: an SFT job per {fw.batch_samples} positively judged samples, at most "
+                f"{fw.max_steps_per_day} per day",
+            )
+        ]
+    checks = [Check("mode", True, "stepwise (private preview training SDK)")]
+    sdk_ok, detail = _training_sdk_importable()
+    checks.append(
+        Check(
+            "training sdk",
+            sdk_ok,
+            detail if sdk_ok else f"{detail}; the step-wise SDK is in private preview; or {_USE_BATCH}",
+        )
+    )
+    built = find_spec(STEPWISE_MODULE) is not None
+    checks.append(Check("stepwise mode", built, "available" if built else f"not built yet; {_USE_BATCH}"))
+    return checks
+
+
+def _training_sdk_importable() -> tuple[bool, str]:
+    try:
+        importlib.import_module(TRAINING_SDK_MODULE)
+    except Exception as exc:  # an incompatible pre-release can fail with anything, not only ImportError
+        return False, f"{TRAINING_SDK_MODULE} does not import ({type(exc).__name__}: {exc})"
+    return True, f"{TRAINING_SDK_MODULE} imports"
+
+
+def _version(distribution: str) -> str | Any:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+__all__ = ["FireworksBackend"]

@@ -1,0 +1,91 @@
+"""The end-to-end learning scenario (tests/e2e_scenario.py) with ``backend = "fireworks"`` in step-wise mode.
+
+`openclaw launch` builds the backend from the settings alone, exactly as for a user: ``fireworks.base_url`` points
+at the HTTP test double of Fireworks' training service (openclaw_cli/testing/fireworks_training_double.py), so the
+real ``fireworks.training.sdk`` does every session, training, future-polling, checkpoint and sampling call over
+loopback. The double trains and samples the same tiny model with the local backend's math; the learning must show
+just as with the local backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_scenario import (
+    LORA_ALPHA,
+    LORA_RANK,
+    REPLIES_PER_SESSION,
+    SESSIONS_PER_STEP,
+    STEPS,
+    ScriptedJudge,
+    e2e_settings,
+    free_port,
+    make_learnable_model,
+    run_scenario,
+)
+
+from openclaw_cli.settings import FireworksSettings
+from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
+
+pytestmark = pytest.mark.timeout(240)
+
+BASE_MODEL = "accounts/fireworks/models/tiny-learnable"
+
+
+@pytest.fixture(scope="module")
+def learnable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_learnable_model(tiny_model_dir, tmp_path_factory.mktemp("learnable-tiny") / "model")
+
+
+@pytest.fixture
+def double(learnable_model_dir: Path) -> Iterator[FireworksTrainingDouble]:
+    with FireworksTrainingDouble(learnable_model_dir, base_model=BASE_MODEL) as running:
+        yield running
+
+
+async def test_served_policy_learns_through_fireworks_stepwise_training(
+    learnable_model_dir: Path, tmp_path: Path, double: FireworksTrainingDouble
+) -> None:
+    settings = e2e_settings(learnable_model_dir, tmp_path, free_port(), backend="fireworks")
+    settings = settings.model_copy(
+        update={
+            "fireworks": FireworksSettings(
+                mode="stepwise", api_key=double.api_key, base_url=double.url, base_model=BASE_MODEL
+            )
+        }
+    )
+    judge = ScriptedJudge()
+    result = await run_scenario(settings, judge)
+
+    assert result.version == STEPS and [s[1] for s in result.steps] == list(range(1, STEPS + 1))
+    rewards = [metrics["mean_reward"] for _, _, _, metrics in result.steps]
+    assert all(metrics["n_batch"] == 8 and metrics["n_samples"] <= 6 for *_, metrics in result.steps)
+    assert judge.calls == STEPS * SESSIONS_PER_STEP * (REPLIES_PER_SESSION - 1)
+    print(
+        f"behaviour rate {result.rate_before:.2f} -> {result.rate_after:.2f}; rounds {result.round_rates}; "
+        f"rewards {rewards}"
+    )
+    assert result.rate_after >= result.rate_before + 0.5, result
+    assert sum(rewards[-2:]) / 2 >= rewards[0] + 0.5, rewards
+
+    # Everything went over the wire: one LoRA run with our rank and alpha, a forward_backward + optim_step + sampler
+    # snapshot per step (each future polled through try_again), serving from those snapshots, and the shutdown
+    # checkpoint saved at the service with its local record where resume looks; then the session was released.
+    (created,) = double.bodies("/api/v1/create_model")
+    assert created["base_model"] == BASE_MODEL
+    assert (created["lora_config"]["rank"], created["lora_config"]["alpha"]) == (LORA_RANK, LORA_ALPHA)
+    fwd = double.bodies("/api/v1/forward_backward")
+    assert len(fwd) == len(double.bodies("/api/v1/optim_step")) == STEPS
+    assert {body["forward_backward_input"]["loss_fn"] for body in fwd} == {"ppo"}
+    assert len(double.bodies("/api/v1/save_weights_for_sampler")) == STEPS
+    assert all(f.try_again >= 2 for f in double.futures("/api/v1/forward_backward"))
+    models = {body["model"] for body in double.bodies("/inference/v1/completions")}
+    assert sum("/checkpoints/" in model for model in models) == STEPS  # every published version served
+    record = json.loads((tmp_path / "ckpt" / f"step-{STEPS:08d}" / "openclaw-state.json").read_text())
+    assert record["backend"] == "fireworks" and record["trainer_step"] == STEPS and record["version"] == STEPS
+    assert [body["path"] for body in double.bodies("/api/v1/save_weights")] == [f"step-{STEPS:08d}"]
+    assert record["service_path"].endswith(f"/step-{STEPS:08d}")
+    assert len(double.deleted_sessions) == 1
