@@ -1,0 +1,190 @@
+"""``openclaw train --env MODULE:FN``: batch RL (GRPO) on an environment, on any backend.
+
+Flags override ``[train_env]`` in the config file, which overrides the defaults; ``--set`` reaches everything else
+(e.g. ``--set train.lr=5e-5``). At the end the trained state is saved with the backend's ``save_state`` (under
+``local.state_dir`` for the local backend) unless ``--no-save``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from openclaw_cli.envrl.custom_loss import CustomLoss
+    from openclaw_cli.envrl.hooks import Env
+    from openclaw_cli.envrl.rollout import RewardFn
+    from openclaw_cli.envrl.trainer import StepStats
+    from openclaw_cli.settings import Settings
+
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+
+def _fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(stderr=True, highlight=False)
+    for line in message.splitlines() or [message]:
+        console.print(Text(f"error: {line}", style="bold red"), soft_wrap=True)
+    return typer.Exit(code=code)
+
+
+def train_command(
+    env: Annotated[
+        str | None,
+        typer.Option("--env", help="Rollout hook: MODULE:FN, path/to/file.py[:FN] or an openclaw.rollouts name."),
+    ] = None,
+    reward: Annotated[
+        str | None, typer.Option("--reward", help="Reward hook (trajectory -> float); default: the env's reward.")
+    ] = None,
+    loss: Annotated[
+        str | None, typer.Option("--loss", help="ppo (default), importance_sampling, or a custom loss hook.")
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Optimizer steps.")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", min=2, help="GRPO samples per prompt.")] = None,
+    prompts_per_step: Annotated[
+        int | None, typer.Option("--prompts-per-step", min=1, help="GRPO groups per step.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Budget of one model call.")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="Rollout sampling.")] = None,
+    std_normalize: Annotated[
+        bool | None,
+        typer.Option("--std-normalize/--mean-centred", help="Divide group advantages by the std (default: no)."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seeds tasks and sampling.")] = None,
+    env_arg: Annotated[
+        list[str] | None, typer.Option("--env-arg", metavar="KEY=VALUE", help="Option for the env (repeatable).")
+    ] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="Backend name (see `openclaw backends`).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="HF model id or local path.")] = None,
+    save: Annotated[
+        str | None, typer.Option("--save", help="Name of the saved state (default envrl-<date>-<time>).")
+    ] = None,
+    no_save: Annotated[bool, typer.Option("--no-save", help="Do not save the trained state.")] = False,
+    metrics: Annotated[
+        Path | None, typer.Option("--metrics", help="Also write one JSON line of metrics per step here.")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Config file (default ./openclaw.toml).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
+) -> None:
+    """Train the policy with RL on an environment (GRPO groups, PPO loss), then save it."""
+    from openclaw_cli.envrl.hooks import HookError, resolve_env, resolve_loss, resolve_reward
+    from openclaw_cli.settings import SettingsError, load_settings, parse_overrides
+
+    flags = {
+        "env": env,
+        "reward": reward,
+        "loss": loss,
+        "steps": steps,
+        "group_size": group_size,
+        "prompts_per_step": prompts_per_step,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "std_normalize": std_normalize,
+        "seed": seed,
+    }
+    try:
+        overrides = parse_overrides(set_ or [])
+        # Named flags are more specific than --set, so they win when both name the same key.
+        overrides.update({k: v for k, v in (("backend", backend), ("model", model)) if v is not None})
+        section = overrides.setdefault("train_env", {})
+        if not isinstance(section, dict):
+            raise SettingsError("--set train_env=... must name a key inside the section, e.g. train_env.steps=5")
+        section.update({k: v for k, v in flags.items() if v is not None})
+        settings = load_settings(overrides, config=config)
+        bad = [pair for pair in env_arg or [] if "=" not in pair or not pair.partition("=")[0].strip()]
+        if bad:
+            raise SettingsError(f"--env-arg expects KEY=VALUE, got {bad[0]!r}")
+        if env_arg:  # after the configured ones, so a flag wins over the same key in the config file
+            settings.train_env.env_args = [*settings.train_env.env_args, *env_arg]
+    except (SettingsError, ValueError) as exc:
+        raise _fail(str(exc), EXIT_REFUSED) from None
+    spec = settings.train_env
+    if not spec.env:
+        raise _fail("no environment: pass --env MODULE:FN (or set train_env.env)", EXIT_REFUSED)
+    try:
+        env_hook = resolve_env(spec.env)
+        reward_hook = resolve_reward(spec.reward) if spec.reward else None
+        loss_hook = resolve_loss(spec.loss)
+    except HookError as exc:
+        raise _fail(str(exc), EXIT_REFUSED) from None
+
+    save_name = None if no_save else (save or time.strftime("envrl-%Y%m%d-%H%M%S"))
+    history, saved = _run_with_progress(settings, env_hook, reward_hook, loss_hook, save_name, metrics)
+    from rich.console import Console
+
+    console = Console()
+    if history:
+        first, last = history[0], history[-1]
+        console.print(
+            f"done: {len(history)} steps, mean reward {first.mean_reward:.3f} -> {last.mean_reward:.3f}, "
+            f"solved {first.solved_fraction:.0%} -> {last.solved_fraction:.0%}",
+            soft_wrap=True,
+        )
+    if saved:
+        console.print(f"saved trained state to {saved}", soft_wrap=True, highlight=False)
+
+
+def _run_with_progress(
+    settings: Settings,
+    env: Env,
+    reward: RewardFn | None,
+    loss: str | CustomLoss,
+    save_name: str | None,
+    metrics_path: Path | None,
+) -> tuple[list[StepStats], str | None]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from openclaw_cli.backend import BackendError
+    from openclaw_cli.envrl.custom_loss import CustomLossError
+    from openclaw_cli.envrl.trainer import RolloutError, train_on_env
+
+    spec = settings.train_env
+    per_step = spec.group_size * spec.prompts_per_step
+    model = settings.model or "the default model"
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom loss")
+    metrics_file = metrics_path.open("w", encoding="utf-8") if metrics_path is not None else None
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rollouts"),
+        TimeElapsedColumn(),
+    )
+    progress.console.print(
+        f"training {spec.env} on {settings.backend} ({model}): {spec.steps} steps x {spec.prompts_per_step} prompts "
+        f"x {spec.group_size} samples, loss {loss_name}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    task = progress.add_task(f"step 1/{spec.steps}", total=spec.steps * per_step)
+
+    def on_rollout() -> None:
+        progress.advance(task)
+
+    def on_step(stats: StepStats) -> None:
+        progress.console.print(stats.line(), soft_wrap=True, highlight=False)
+        progress.update(task, description=f"step {min(stats.step + 1, spec.steps)}/{spec.steps}")
+        if metrics_file is not None:
+            metrics_file.write(json.dumps(stats.to_json()) + "\n")
+            metrics_file.flush()
+
+    try:
+        with progress:
+            return asyncio.run(
+                train_on_env(
+                    settings, env, reward_fn=reward, loss=loss, save=save_name, on_rollout=on_rollout, on_step=on_step
+                )
+            )
+    except (RolloutError, BackendError, CustomLossError) as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
