@@ -100,6 +100,11 @@ class Backend(Protocol):
     ) -> FwdBwdResult:
         """Accumulate gradients of the summed loss; several calls before one optim_step accumulate."""
 
+    async def discard_gradients(self) -> None:
+        """Drop every gradient accumulated since the last optim_step (a no-op when there is none). The trainer loop
+        calls it before each step attempt, so a retry after a failed forward_backward / optim_step never counts a
+        datum twice."""
+
     async def optim_step(self, adam: AdamParams) -> StepResult: ...
 
     async def publish(self, name: str | None = None) -> PolicyVersion:
@@ -112,6 +117,30 @@ class Backend(Protocol):
     async def load_state(self, path: str) -> PolicyVersion: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsVersionControl(Protocol):
+    """Optional capability: choose which servable version serves, and publish without serving.
+
+    Used by ``openclaw rollback`` (``activate(n, train_from=True)``) and the promotion gate (``stage`` a new
+    version, evaluate it pinned, then ``activate`` it or not). Check with :func:`supports_version_control`; a
+    backend without it answers rollback with 501 and cannot run with ``train.promotion_gate``.
+    """
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        """Like ``publish``, but the new version is only servable when pinned; the current one keeps serving."""
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        """Serve ``version`` from now on. Unknown or no longer kept: a BackendError with a 4xx ``status_code``
+        naming the servable versions. ``train_from``: also continue training from that version's weights."""
+
+    def servable_versions(self) -> list[int]:
+        """Version numbers ``activate`` accepts now, oldest first (0 = the base model)."""
+
+
+def supports_version_control(backend: object) -> bool:
+    return all(callable(getattr(backend, name, None)) for name in ("stage", "activate", "servable_versions"))
 
 
 @dataclass

@@ -18,6 +18,9 @@ TurnType = Literal["main", "side"]
 
 # Header names are compared lower-cased. These never reach the store (secrets).
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "api-key"})
+# ...and neither does any header whose name contains one of these (x-auth-token, x-goog-api-key, set-cookie,
+# x-client-secret, private-token, ...). Session and turn headers (x-session-id, x-turn-type) contain none of them.
+SECRET_HEADER_PARTS = ("auth", "key", "token", "secret", "cookie", "password", "passwd", "credential", "signature")
 
 
 @dataclass
@@ -57,6 +60,11 @@ class CaptureSink(Protocol):
         """Persist atomically; after it returns the exchange survives a crash."""
 
 
+def is_secret_header(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in SECRET_HEADERS or any(part in lowered for part in SECRET_HEADER_PARTS)
+
+
 def scrub_headers(headers: Any) -> dict[str, str]:
     """Lower-case header names and drop credentials, so nothing secret is ever stored."""
-    return {k.lower(): v for k, v in dict(headers).items() if k.lower() not in SECRET_HEADERS}
+    return {k.lower(): v for k, v in dict(headers).items() if not is_secret_header(k)}

@@ -12,7 +12,6 @@ import errno
 import importlib
 import importlib.util
 import io
-import ipaddress
 import json
 import logging
 import os
@@ -406,7 +405,9 @@ def doctor(
     table.add_column("Check")
     table.add_column("Detail", overflow="fold")
     for area, check in checks:
-        table.add_row(_mark(check.ok), area, check.name, Text(check.detail))
+        # A warning (doctor_checks.DoctorCheck) is shown but does not fail the doctor.
+        mark = Text("!", style="bold yellow") if getattr(check, "warning", False) else _mark(check.ok)
+        table.add_row(mark, area, check.name, Text(check.detail))
     _stdout().print(table)
     failed = [check for _, check in checks if not check.ok]
     if failed:
@@ -435,6 +436,9 @@ def _doctor_checks(settings: Settings) -> list[tuple[str, Check]]:
     checks.append(("network", _port_free_check(settings.host, settings.port)))
     checks.append(("network", _bind_security_check(settings)))
     checks.append(("model", _embedded_model_check(settings)))
+    from openclaw_cli.doctor_checks import model_checks  # loads transformers: only the doctor pays for it
+
+    checks.extend(("model", check) for check in model_checks(settings))
     return checks
 
 
@@ -506,12 +510,9 @@ def _embedded_model_check(settings: Settings) -> Check:
 
 
 def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve anywhere: treat it as exposed
+    from openclaw_cli.proxy.auth import is_loopback
+
+    return is_loopback(host)
 
 
 def _has_api_key(settings: Settings) -> bool:
@@ -661,11 +662,26 @@ def launch(
         # Settings the runtime cannot start with (bind rules, judge configuration) are refusals, not failures.
         refusals = tuple(
             cls
-            for module_name, name in ((PROXY_MODULE, "ProxyConfigError"), ("openclaw_cli.judge", "JudgeConfigError"))
+            for module_name, name in (
+                (PROXY_MODULE, "ProxyConfigError"),
+                ("openclaw_cli.judge", "JudgeConfigError"),
+                ("openclaw_cli.promotion", "GateConfigError"),
+            )
             if isinstance(cls := getattr(sys.modules.get(module_name), name, None), type)
         )
         if refusals and isinstance(exc, refusals):
             raise CliFailure(str(exc), EXIT_REFUSED) from None
+        # A damaged or busy store, or checkpoints that cannot be loaded: one line saying which file and what to do.
+        startup_failures = tuple(
+            cls
+            for module_name, name in (
+                ("openclaw_cli.store", "StoreError"),
+                ("openclaw_cli.trainer_loop", "ResumeError"),
+            )
+            if isinstance(cls := getattr(sys.modules.get(module_name), name, None), type)
+        )
+        if startup_failures and isinstance(exc, startup_failures):
+            raise CliFailure(str(exc)) from None
         raise
 
 

@@ -3,6 +3,9 @@
 ``--format messages`` gives each turn in OpenAI chat format (the prompt messages followed by the assistant reply)
 with its session/turn ids, type, status, next state and reward; ``--format tokens`` gives the exact prompt and
 completion token ids, the sampler's log-probs and the policy version: what training consumes.
+
+With ``store.redact`` set (see :mod:`openclaw_cli.redaction`), ``messages`` rows carry redacted text and ``tokens``
+rows leave out the turns whose text holds an enabled kind (token ids cannot be redacted).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from openclaw_cli.redaction import Redactor
 from openclaw_cli.settings import SettingsError, load_settings, parse_overrides
 from openclaw_cli.store import Store, StoreError, TurnRecord
 
@@ -109,14 +113,22 @@ def tokens_row(turn: TurnRecord) -> dict[str, Any]:
     }
 
 
-def export_turns(store: Store, fmt: ExportFormat, filters: ExportFilters, out: TextIO) -> int:
-    """Write one JSON line per matching turn (id order); returns how many."""
+def export_turns(
+    store: Store, fmt: ExportFormat, filters: ExportFilters, out: TextIO, *, redactor: Redactor | None = None
+) -> int:
+    """Write one JSON line per matching turn (id order); returns how many. With an enabled ``redactor``, message
+    rows are redacted and token rows of turns holding a secret are left out."""
     to_row = messages_row if fmt is ExportFormat.messages else tokens_row
     count = 0
     for turn in store.iter_turns(
         session_ids=filters.session_ids, turn_type=filters.turn_type, status=filters.status, since=filters.since
     ):
-        out.write(json.dumps(to_row(turn), ensure_ascii=False, separators=(",", ":")))
+        row = to_row(turn)
+        if redactor is not None and redactor.enabled:
+            if fmt is ExportFormat.tokens and redactor.kinds_in_turn(turn):
+                continue
+            row = redactor.redact_value(row) if fmt is ExportFormat.messages else row
+        out.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
         out.write("\n")
         count += 1
     return count
@@ -171,7 +183,7 @@ def export_command(
         raise _fail(str(exc)) from None
     try:
         with _open_output(out) as handle:
-            count = export_turns(store, format, filters, handle)
+            count = export_turns(store, format, filters, handle, redactor=Redactor.from_settings(settings))
     except OSError as exc:
         raise _fail(f"cannot write {out}: {exc}") from None
     finally:

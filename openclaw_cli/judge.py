@@ -12,9 +12,17 @@ no next state (its session ended) scores 0 without a judge call. The verdict is 
      "judge": "openai:model@url", "reason": "judged" | "no_next_state", "next_state_role": "user"|"tool"|null,
      "raw": {"prm": [...], "hint": [...]}}        # the judge's replies, clipped, for auditing
 
-Failure handling: every judge call is retried with exponential backoff; when a call still fails, the turn is not
-completed and its lease simply runs out, after which it is claimed again. A judge that stays down therefore leaves
-turns waiting (never lost, never scored by default), and nothing here touches serving.
+Failure handling: a judge that cannot be reached, times out, or answers 5xx / 429 / 401 is retried per call with
+exponential backoff; when a call still fails the turn is given back (``Store.release``) to be claimed again after a
+pause that grows while the judge stays down (up to :data:`MAX_DOWN_WAIT_S`, never longer than the lease). A judge
+that stays down therefore leaves turns waiting, uncounted and unscored, and nothing here touches serving. A turn the
+judge *rejects* (HTTP 400 / 413 / 422, e.g. a prompt over its context; or a prompt that cannot be built) is tried
+again after ``retry_turn_after_s``, at most ``max_turn_attempts`` times; then it is completed as judged-failed::
+
+    {"score": null, "failed": true, "reason": "judge_failed", "error": "...", "attempts": 3, "judge": "...", ...}
+
+(``Store.handoff_counts`` and the status endpoint count them; the trainer completes them untrained). A restart
+releases the claims the previous process held at once (``Store.take_over_claims`` in :meth:`JudgeLoop.run`).
 
 Judge clients (:func:`make_judge_client`): an OpenAI-compatible endpoint (``judge.base_url`` + ``judge.model``), a
 LiteLLM model string (``judge.model`` alone; needs ``pip install litellm``), or, with no judge model, the policy
@@ -31,6 +39,7 @@ import importlib.util
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -47,6 +56,7 @@ from openclaw_cli.judge_prompts import (
     prm_messages,
     prompt_hashes,
 )
+from openclaw_cli.redaction import Redactor
 from openclaw_cli.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -59,6 +69,8 @@ log = logging.getLogger(__name__)
 JUDGE_CONSUMER = "judge"
 POLICY_JUDGE_VERSION = 0  # the base model; see the module docstring
 RAW_REPLY_CHARS = 1000
+REJECTION_STATUS = frozenset({400, 413, 422})  # the judge refused this input: the same call would fail again
+MAX_DOWN_WAIT_S = 300.0  # longest pause before turns are retried while the judge stays down
 
 
 class JudgeConfigError(ValueError):
@@ -67,6 +79,25 @@ class JudgeConfigError(ValueError):
 
 class JudgeUnavailable(RuntimeError):
     """A judge call kept failing after every retry; the turn is left for a later claim."""
+
+
+class JudgeRejected(RuntimeError):
+    """The judge refused this turn's prompt (or it could not be built); retrying the same call cannot help."""
+
+
+class JudgeInputError(ValueError):
+    """A judge client cannot send this prompt at all (e.g. it does not fit the judge's context)."""
+
+
+def is_rejection(exc: BaseException) -> bool:
+    """Whether a failed judge call failed because of this turn's input, rather than because the judge is down,
+    overloaded or misconfigured (401, 404, 429, 5xx, connection errors: worth waiting for)."""
+    if isinstance(exc, JudgeInputError):
+        return True
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    return isinstance(status, int) and status in REJECTION_STATUS
 
 
 @runtime_checkable
@@ -155,7 +186,7 @@ class PolicyJudgeClient:
         # Leave room for the answer; a prompt that cannot fit is an input problem no retry will fix.
         room = tokenizer.context_length - len(prompt)
         if room < 16:
-            raise ValueError(
+            raise JudgeInputError(
                 f"judge prompt of {len(prompt)} tokens leaves no room in a {tokenizer.context_length} context"
             )
         params = SamplingParams(max_tokens=min(max_tokens, room), temperature=temperature)
@@ -218,7 +249,8 @@ class Verdict:
 @dataclass
 class JudgeStats:
     judged: int = 0
-    failed: int = 0  # turn attempts given up after retries (they come back when the lease runs out)
+    failed: int = 0  # turn attempts that failed (the turn is given back and retried later)
+    gave_up: int = 0  # turns completed as judged-failed after max_turn_attempts rejections
     calls: int = 0
     call_errors: int = 0
     last_error: str | None = None
@@ -247,10 +279,19 @@ class JudgeLoop:
         retry_attempts: int = 4,
         retry_base_s: float = 0.5,
         retry_max_s: float = 8.0,
+        max_turn_attempts: int = 3,
+        retry_turn_after_s: float = 30.0,
+        down_wait_s: float = 5.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if retry_attempts < 1:
             raise ValueError("retry_attempts must be >= 1")
+        if max_turn_attempts < 1:
+            raise ValueError("max_turn_attempts must be >= 1")
+        self.max_turn_attempts = max_turn_attempts
+        self.retry_turn_after_s = retry_turn_after_s
+        self.down_wait_s = down_wait_s  # first pause while the judge is down; doubles per round that finds it down
+        self._down_rounds = 0
         self.store = store
         self.client = client
         self.settings = settings
@@ -267,6 +308,7 @@ class JudgeLoop:
         self._limit = asyncio.Semaphore(settings.judge.max_concurrency)
         self.stats = JudgeStats()
         self.judge_name = str(getattr(client, "name", type(client).__name__))
+        self.redactor = Redactor.from_settings(settings)  # store.redact: secrets never reach the judge
 
     @property
     def wants_hints(self) -> bool:
@@ -277,11 +319,25 @@ class JudgeLoop:
         turns = await asyncio.to_thread(self.store.claim_ready, self.consumer, self.batch_size, self.lease_s)
         if not turns:
             return 0
-        done = await asyncio.gather(*(self._judge_and_complete(turn) for turn in turns))
-        return sum(done)
+        outcomes = await asyncio.gather(*(self._judge_and_complete(turn) for turn in turns))
+        if "judged" in outcomes:
+            self._down_rounds = 0
+        elif "unavailable" in outcomes:
+            self._down_rounds += 1  # the next turns given back wait longer
+        return outcomes.count("judged")
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Judge until ``stop`` is set; waits ``poll_s`` when there is nothing to do. Never dies on an error."""
+        """Judge until ``stop`` is set; waits ``poll_s`` when there is nothing to do. Never dies on an error.
+
+        First takes over the judge's claims: those a previous (crashed) process held are judged again at once."""
+        try:
+            released = await asyncio.to_thread(self.store.take_over_claims, self.consumer)
+        except Exception as exc:  # judging still works; a dead process's claims then wait out their lease
+            log.error("cannot take over the judge's earlier claims: %s", exc)
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            released = 0
+        if released:
+            log.info("released %d turn(s) a previous process was judging", released)
         while not stop.is_set():
             try:
                 judged = await self.run_once()
@@ -300,6 +356,10 @@ class JudgeLoop:
         if not turn.next_state:
             return Verdict(score=0, reason="no_next_state")
         args = (turn.messages, turn.assistant_message, turn.next_state, turn.next_state_role)
+        if self.redactor.enabled:
+            # store.redact: redact the turn before the prompts clip it, so no secret is cut in half at a clip
+            # boundary (and half missed); a long history takes a while, so off the event loop.
+            args = await asyncio.to_thread(self.redactor.redact_value, args)
         m = self.settings.judge.votes
         temperature = self.settings.judge.temperature
         prm_prompt = prm_messages(*args)
@@ -313,7 +373,7 @@ class JudgeLoop:
                     if hint_prompt is not None
                     else []
                 )
-        except* JudgeUnavailable as group_error:
+        except* (JudgeUnavailable, JudgeRejected) as group_error:
             raise group_error.exceptions[0] from None
         raw_prm = [task.result() for task in prm_tasks]
         raw_hint = [task.result() for task in hint_tasks]
@@ -330,24 +390,71 @@ class JudgeLoop:
             raw_hint=raw_hint,
         )
 
-    async def _judge_and_complete(self, turn: TurnRecord) -> bool:
+    async def _judge_and_complete(self, turn: TurnRecord) -> str:
+        """Judge one turn and record the outcome: "judged", "duplicate" (already done), "unavailable" (given back
+        to wait for the judge), "rejected" (given back, counted) or "gave_up" (completed as judged-failed)."""
         try:
             verdict = await self.judge_turn(turn)
         except JudgeUnavailable as exc:
             self.stats.failed += 1
             self.stats.last_error = str(exc)
-            log.warning("turn %s left unjudged, retried after its lease expires: %s", turn.id, exc)
-            return False
-        except Exception as exc:  # a turn whose prompt cannot be built must not take its batch down
+            # Uncounted: a judge that is down says nothing about the turn. The pause grows while it stays down.
+            wait = min(self.lease_s, self.down_wait_s * 2 ** min(self._down_rounds, 16), MAX_DOWN_WAIT_S)
+            log.warning("turn %s left unjudged (judge unavailable), retried in %.0fs: %s", turn.id, wait, exc)
+            await asyncio.to_thread(
+                self.store.release, self.consumer, turn.id, retry_at=time.time() + wait, error=str(exc)
+            )
+            return "unavailable"
+        except Exception as exc:  # rejected by the judge, or a prompt that cannot be built: about this turn
             self.stats.failed += 1
-            self.stats.last_error = f"turn {turn.id}: {type(exc).__name__}: {exc}"
-            log.exception("turn %s could not be judged; retried after its lease expires", turn.id)
-            return False
+            error = f"{type(exc).__name__}: {exc}"
+            self.stats.last_error = f"turn {turn.id}: {error}"
+            wait = min(self.lease_s, self.retry_turn_after_s)
+            failures = await asyncio.to_thread(
+                self.store.release,
+                self.consumer,
+                turn.id,
+                retry_at=time.time() + wait,
+                error=error,
+                count_failure=True,
+            )
+            if failures < self.max_turn_attempts:
+                log.warning(
+                    "turn %s rejected by the judge (%d/%d), retried in %.0fs: %s",
+                    turn.id,
+                    failures,
+                    self.max_turn_attempts,
+                    wait,
+                    error,
+                )
+                return "rejected"
+            return await self._give_up(turn, error, failures)
         result = verdict.to_json(judge_name=self.judge_name, next_state_role=turn.next_state_role)
         first = await asyncio.to_thread(self.store.complete, self.consumer, turn.id, result, reward=verdict.score)
         if first:
             self.stats.judged += 1
-        return first
+        return "judged" if first else "duplicate"
+
+    async def _give_up(self, turn: TurnRecord, error: str, attempts: int) -> str:
+        """Complete a turn the judge keeps rejecting as judged-failed: no score, never trained, counted in status."""
+        result = json.dumps(
+            {
+                "score": None,
+                "failed": True,
+                "reason": "judge_failed",
+                "error": clip_middle(error, RAW_REPLY_CHARS),
+                "attempts": attempts,
+                "judge": self.judge_name,
+                "prompt_version": PROMPT_VERSION,
+                "next_state_role": turn.next_state_role,
+            },
+            ensure_ascii=False,
+        )
+        first = await asyncio.to_thread(self.store.complete, self.consumer, turn.id, result, failed=True)
+        if first:
+            self.stats.gave_up += 1
+            log.error("turn %s judged-failed after %d rejected attempts: %s", turn.id, attempts, error)
+        return "gave_up" if first else "duplicate"
 
     async def _call(self, messages: list[dict[str, str]], temperature: float) -> str:
         """One judge completion under the concurrency limit, retried with exponential backoff and jitter."""
@@ -360,6 +467,8 @@ class JudgeLoop:
                 except Exception as exc:  # CancelledError is a BaseException and passes through
                     self.stats.call_errors += 1
                     error = f"{type(exc).__name__}: {exc}"
+                    if is_rejection(exc):  # the same prompt would be refused again: no point retrying now
+                        raise JudgeRejected(f"the judge rejected the prompt: {error}") from exc
                     if attempt + 1 == self.retry_attempts:
                         raise JudgeUnavailable(f"judge call failed {self.retry_attempts} times, last: {error}") from exc
             # Sleep outside the semaphore so a failing call does not hold a slot others could use.

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -33,17 +33,20 @@ from openclaw_cli.backend import Backend, create_backend
 from openclaw_cli.dashboard import Snapshot, log_line, render
 from openclaw_cli.proxy.app import create_app
 from openclaw_cli.proxy.server import check_bind
+from openclaw_cli.retention import purge_expired, retention_loop
 from openclaw_cli.settings import Settings
 from openclaw_cli.trainer_loop import TrainerLoop
 
 if TYPE_CHECKING:
     from openclaw_cli.judge import JudgeClient, JudgeLoop
+    from openclaw_cli.promotion import PromotionGate
     from openclaw_cli.sessions import SessionCapture
     from openclaw_cli.store import Store
 
 log = logging.getLogger("openclaw.launch")
 
 JUDGE_GRACE_S = 10.0  # how long shutdown waits for the judge's current batch before cancelling it
+CAPTURE_DRAIN_S = 30.0  # how long shutdown waits for replies whose capture the store has not written yet
 REFRESH_S = 1.0  # dashboard refresh
 LOG_EVERY_S = 10.0  # --no-ui status line
 
@@ -80,6 +83,49 @@ class Runtime:
         self.app = server.config.app
         self.started_at = time.time()
         self.errors: list[str] = []
+        self.gate: PromotionGate | None = None
+
+    def loop_status(self) -> dict[str, Any]:
+        """The loops' backlog and counters for ``/v1/openclaw/status`` (reads the store: call it from a worker
+        thread). Ages are seconds; None when nothing waits."""
+        from openclaw_cli.judge import JUDGE_CONSUMER
+        from openclaw_cli.trainer_loop import CONSUMER as TRAINER_CONSUMER
+
+        now = time.time()
+
+        def age(since: float | None) -> float | None:
+            return None if since is None else round(max(0.0, now - since), 3)
+
+        to_judge, oldest_to_judge = self.store.backlog(JUDGE_CONSUMER)
+        to_train, oldest_to_train = self.store.backlog(TRAINER_CONSUMER, after=JUDGE_CONSUMER)
+        judge, trainer = self.judge.stats, self.trainer.stats
+        return {
+            "backlog": {
+                "to_judge": to_judge,  # ready main-line turns the judge has not scored yet
+                "oldest_to_judge_age_s": age(oldest_to_judge),
+                "judged_not_trained": to_train,  # scored, not yet in a training step (includes a partial batch)
+                "oldest_judged_not_trained_age_s": age(oldest_to_train),
+                # turns waiting for their next state (the next request of the session, or its idle expiry)
+                "oldest_pending_age_s": age(self.store.oldest_turn_at("pending")),
+                "batch_size": self.settings.train.batch_size,
+            },
+            "judge": {
+                "judged": judge.judged,
+                "failed": judge.failed,
+                "gave_up": judge.gave_up,  # judged-failed: rejected max_turn_attempts times, never trained
+                "last_error": judge.last_error,
+            },
+            # Per consumer, from the store (survives restarts): turns given up on, and turns waiting for a retry.
+            "handoff": self.store.handoff_counts(),
+            "trainer": {
+                "steps": trainer.steps,
+                "trained_samples": trainer.trained_samples,
+                "skipped_batches": trainer.skipped_batches,
+                "failures": trainer.failures,
+                "last_error": trainer.last_error,
+            },
+            "promotion": self.gate.status() if self.gate is not None else {"enabled": False},
+        }
 
     @property
     def url(self) -> str:
@@ -135,11 +181,13 @@ async def launch(
     stop: asyncio.Event | None = None,
     judge_client: JudgeClient | None = None,
     on_ready: Callable[[Runtime], Awaitable[None] | None] | None = None,
+    backend: Backend | None = None,
 ) -> None:
     """Run serve + idle expiry + judge + train until Ctrl-C / SIGTERM or until ``stop`` is set.
 
     ``judge_client`` replaces the judge named by the settings (tests and embedders); ``on_ready`` is called once
-    everything is up and the port accepts connections.
+    everything is up and the port accepts connections; ``backend`` (not started) replaces the one named by the
+    settings (tests and benches; it is started and closed here like the named one).
     """
     from openclaw_cli.judge import JudgeLoop, make_judge_client
     from openclaw_cli.sessions import SessionCapture
@@ -149,22 +197,35 @@ async def launch(
     stop = stop or asyncio.Event()
     # Bind before loading the model: a busy port fails in a second, not after a minute of loading.
     sock = _bind(settings.host, settings.port)
-    backend: Backend | None = None
+    given_backend, backend = backend, None
     store: Store | None = None
     try:
-        backend = create_backend(settings)
-        await backend.start()
+        # The store first: a damaged one (quick_check at open) fails in a second, not after the model has loaded.
         store = Store(settings.store.path)
+        backend = given_backend if given_backend is not None else create_backend(settings)
+        if settings.train.promotion_gate:  # refuse before loading a model for nothing
+            from openclaw_cli.promotion import require_gate_support
+
+            require_gate_support(backend)
+        await backend.start()
         sink = SessionCapture(store, settings)
         client = judge_client if judge_client is not None else make_judge_client(settings, backend)
         judge = JudgeLoop(store, client, settings)
         trainer = TrainerLoop(store, backend, settings)
+        gate = None
+        if settings.train.promotion_gate:
+            from openclaw_cli.promotion import PromotionGate
+
+            gate = PromotionGate(store, backend, client, settings)
+            trainer.publisher = gate.publish
         await trainer.resume()
         app = create_app(backend, sink, settings)
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30
         )
         runtime = Runtime(settings, backend, store, sink, judge, trainer, _Server(config))
+        runtime.gate = gate
+        app.state.proxy.status_sections["loops"] = runtime.loop_status
         await _run(runtime, sock, stop, ui=ui, on_ready=on_ready)
     finally:
         sock.close()
@@ -204,11 +265,22 @@ async def _run(
     # The trainer and judge stop on their own `halt` event, set only after the server has drained, so replies in
     # flight still get captured and the final checkpoint includes the last step.
     halt = asyncio.Event()
+    # The start-up purge runs before any loop does: once idle expiry and the judge have claimed an expired turn,
+    # the purge must leave it alone (it never deletes a claimed turn), and it would be judged and trained first.
+    if runtime.settings.store.retention_days is not None:
+        try:
+            await asyncio.to_thread(purge_expired, runtime.store, runtime.settings)
+        except Exception:
+            log.exception("retention purge at start failed; the hourly purge will retry")
     tasks: dict[str, asyncio.Task[None]] = {
         "serve": asyncio.create_task(server.serve(sockets=[sock]), name="openclaw-serve"),
         "expire": asyncio.create_task(_expire_idle(runtime, halt), name="openclaw-expire"),
         "judge": asyncio.create_task(runtime.judge.run(halt), name="openclaw-judge"),
         "train": asyncio.create_task(runtime.trainer.run(halt), name="openclaw-train"),
+        # store.retention_days: hourly after the start-up purge above (returns at once when retention is off)
+        "retention": asyncio.create_task(
+            retention_loop(runtime.store, runtime.settings, halt, run_first=False), name="openclaw-retention"
+        ),
     }
     try:
         while not server.started:
@@ -228,10 +300,16 @@ async def _run(
         log.info("stopping: no new requests; finishing the current step")
         server.should_exit = True
         await _finish(tasks["serve"], force, None)
+        # Replies already sent whose capture a slow store has not written yet land now (a second Ctrl-C skips it).
+        recorder = runtime.app.state.proxy.recorder
+        await _finish(asyncio.create_task(recorder.drain(CAPTURE_DRAIN_S), name="openclaw-capture-drain"), force, None)
+        if recorder.backlog:
+            log.error("%d replies were served but their capture did not finish before shutdown", recorder.backlog)
         halt.set()
         await _finish(tasks["train"], force, None)
         await _finish(tasks["judge"], force, JUDGE_GRACE_S)
         await _finish(tasks["expire"], force, 0)
+        await _finish(tasks["retention"], force, 5)
         await _finish(reporter, force, 5)
     finally:
         for task in tasks.values():

@@ -75,11 +75,28 @@ class TrainSettings(_Section):
     )
     max_staleness: int = Field(4, ge=0, description="Samples older than this many policy versions are dropped.")
     checkpoint_every: int = Field(20, ge=1)
+    promotion_gate: bool = Field(
+        False,
+        description="Serve a newly trained version only once an eval on held-out stored sessions shows no "
+        "regression against the served one (see openclaw_cli/promotion.py); else it stays unserved.",
+    )
+    gate_sessions: int = Field(16, ge=1, le=1024, description="Promotion gate: held-out sessions evaluated.")
+    gate_margin: float = Field(
+        0.05, ge=0.0, le=0.5, description="Promotion gate: promote when the new version's win rate >= 0.5 - margin."
+    )
+    gate_max_tokens: int = Field(256, ge=1, description="Promotion gate: reply budget per evaluated prompt.")
 
 
 class StoreSettings(_Section):
     path: Path = Field(Path(".openclaw/store.sqlite3"), description="SQLite database (WAL, mode 0600).")
-    retention_days: int | None = Field(None, ge=1)
+    retention_days: int | None = Field(
+        None, ge=1, description="Delete turns captured more than this many days ago (unset = keep forever)."
+    )
+    redact: bool | list[Literal["email", "api_key", "phone"]] = Field(
+        False,
+        description="Redact these kinds (true = all) from text sent to a judge or exported, and keep turns "
+        "containing them away from a cloud trainer (see openclaw_cli/redaction.py).",
+    )
 
 
 class LocalSettings(_Section):
@@ -97,14 +114,58 @@ class LocalSettings(_Section):
 class TinkerSettings(_Section):
     api_key: SecretStr | None = Field(None, description="Tinker key (tml-...); also read from TINKER_API_KEY.")
     base_url: str | None = None
+    keep_versions: int = Field(3, ge=1, le=64, description="Published versions kept servable (plus the base).")
+    sample_timeout_s: float = Field(
+        300.0, gt=0, description="Longest wait for one sampling/scoring call; then a retryable error (503)."
+    )
 
 
 class FireworksSettings(_Section):
     api_key: SecretStr | None = Field(None, description="Also read from FIREWORKS_API_KEY.")
     account_id: str | None = Field(None, description="Also read from FIREWORKS_ACCOUNT_ID.")
     base_url: str | None = None
+    training_base_url: str | None = Field(
+        None,
+        description="Step-wise training endpoint (fireworks.training.sdk); unset = "
+        "{base_url or https://api.fireworks.ai}/training/v1/serverless.",
+    )
     mode: Literal["stepwise", "batch"] = "stepwise"
     deployment: str | None = Field(None, description="Existing deployment id to serve from.")
+    # -- serving and batch mode (backends/fireworks: control, serving, batch) --
+    base_model: str | None = Field(
+        None, description="Fireworks base model (accounts/fireworks/models/...); unset = `model` when it is one."
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="HF id or local path of the base model's tokenizer (chat template); unset = `model` when that "
+        "is not a Fireworks name.",
+    )
+    context_length: int | None = Field(None, ge=16, description="Context window of the served model; unset = 8192.")
+    addon_mode: Literal["multi_lora", "hot_reload"] = Field(
+        "multi_lora",
+        description="multi_lora: each trained LoRA is loaded beside the last and serving switches by name (exact "
+        "versions, no gap); hot_reload: the deployment's merged addon is replaced in place.",
+    )
+    deployment_shape: str | None = Field(None, description="Deployment shape for a deployment openclaw creates.")
+    accelerator_type: str | None = Field(None, description="Accelerator for a deployment openclaw creates.")
+    min_replicas: int = Field(0, ge=0, description="0 lets a created deployment scale to zero when idle.")
+    max_replicas: int = Field(1, ge=1)
+    replicas: int | None = Field(None, ge=0, description="Scale the deployment to this many replicas on start.")
+    batch_samples: int = Field(
+        32, ge=3, le=100_000, description="Batch mode: positively judged samples per training job (Fireworks: >= 3)."
+    )
+    sft_epochs: int = Field(1, ge=1, le=100)
+    sft_learning_rate: float | None = Field(None, gt=0.0, lt=1.0, description="Unset = train.lr.")
+    keep_versions: int = Field(2, ge=1, le=50, description="multi_lora: published LoRAs kept loaded for pinning.")
+    max_deployments: int = Field(1, ge=0, description="Cost cap: deployments openclaw may create (and not delete).")
+    max_steps_per_day: int = Field(24, ge=0, description="Cost cap: training jobs started in any 24 hours.")
+    poll_interval_s: float = Field(10.0, gt=0.0, description="How often deployment/job/model states are polled.")
+    deploy_timeout_s: float = Field(1800.0, gt=0.0)
+    job_timeout_s: float = Field(7200.0, gt=0.0)
+    scale_up_timeout_s: float = Field(
+        300.0, ge=0.0, description="How long a request retries a scaled-to-zero deployment's 503 before failing."
+    )
+    state_dir: Path = Field(Path(".openclaw/fireworks"), description="Queued batch samples and the cost ledger.")
 
 
 class ProxySettings(_Section):
@@ -121,9 +182,56 @@ class ProxySettings(_Section):
         2048, ge=1, description="Completion budget when an OpenAI request sets no max_tokens (capped by context)."
     )
     capture_timeout_s: float = Field(10.0, gt=0, description="Longest wait for the store to record one reply.")
+    capture_max_backlog: int = Field(
+        256,
+        ge=1,
+        description="Replies waiting to be written to the store at most; beyond it a reply is served but its "
+        "capture dropped (counted in status).",
+    )
     keepalive_s: float = Field(15.0, gt=0, description="Idle streams get an SSE keep-alive this often.")
     expire_every_s: float = Field(5.0, gt=0, description="How often idle sessions are expired while serving.")
     retry_after_s: int = Field(2, ge=0, description="Retry-After sent with 503/529 when the backend is busy.")
+    max_messages: int = Field(10_000, ge=1, description="Requests with more messages get 400.")
+    max_tools: int = Field(1024, ge=0, description="Requests offering more tools get 400.")
+    max_in_flight: int = Field(
+        64, ge=1, description="Chat requests served at once; more get 429 (OpenAI) / 529 (Anthropic) + Retry-After."
+    )
+
+
+class TrainEnvSettings(_Section):
+    """``openclaw train``: batch RL on an environment (see openclaw_cli/envrl)."""
+
+    env: str | None = Field(
+        None, description="Rollout hook: an openclaw.rollouts entry-point name, module:function or path/to/file.py."
+    )
+    reward: str | None = Field(
+        None, description="Reward hook (trajectory -> float) replacing the env's own reward; same spec forms."
+    )
+    loss: str = Field(
+        "ppo", description="ppo, importance_sampling, or a custom loss hook (openclaw.losses name or module:function)."
+    )
+    steps: int = Field(10, ge=1, description="Optimizer steps (each one collects a fresh batch of rollouts).")
+    group_size: int = Field(4, ge=2, le=1024, description="GRPO: rollouts per prompt (same task, different samples).")
+    prompts_per_step: int = Field(4, ge=1, le=4096, description="GRPO groups per step.")
+    max_tokens: int = Field(256, ge=1, description="Completion budget of one model call inside a rollout.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
+    std_normalize: bool = Field(
+        False, description="Divide group advantages by the group's reward std (GRPO); default mean-centred only."
+    )
+    concurrency: int = Field(8, ge=1, le=1024, description="Rollouts running at once.")
+    seed: int = Field(0, description="Seeds task choice (per group) and sampling (per rollout).")
+    env_args: list[str] = Field(
+        default_factory=list,
+        description='Options for the env as "KEY=VALUE" strings (RolloutContext.env_args; a later KEY wins).',
+    )
+
+    @field_validator("env_args")
+    @classmethod
+    def _key_value_pairs(cls, value: list[str]) -> list[str]:
+        bad = [pair for pair in value if not pair.partition("=")[0].strip() or "=" not in pair]
+        if bad:
+            raise ValueError(f"each entry must be KEY=VALUE, got {bad[0]!r}")
+        return value
 
 
 class Settings(BaseSettings):
@@ -151,6 +259,7 @@ class Settings(BaseSettings):
     tinker: TinkerSettings = Field(default_factory=TinkerSettings)
     fireworks: FireworksSettings = Field(default_factory=FireworksSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    train_env: TrainEnvSettings = Field(default_factory=TrainEnvSettings)
 
     @field_validator("backend")
     @classmethod

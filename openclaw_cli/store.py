@@ -16,6 +16,14 @@ named consumer in the order they became ready (an expired lease makes the turn c
 :meth:`Store.complete` records that consumer's result exactly once (a second completion is a no-op), so consumers
 must be idempotent. Each turn gets a ``ready_seq`` when it becomes ready, and each consumer a floor below which
 everything is done, so a claim only looks at the unfinished window however large the store grows.
+
+Crash recovery: every claim names its owner (:attr:`Store.owner`, one per open store); at start-up a consumer calls
+:meth:`Store.take_over_claims`, which takes the store's owner lock (released by the OS when a process dies, so
+holding it proves the previous process is gone) and frees every claim another owner left, so nothing waits out a
+lease after a ``kill -9``. :meth:`Store.release` gives a claim back early (with an error and a failure count, so a
+consumer can give up on a turn and complete it with ``failed=True``). :meth:`Store.commit_step` writes a training
+step's row and the completion of every turn it consumed in one transaction; :meth:`Store.discard_steps_after`
+undoes steps whose weights never reached a checkpoint, reopening their turns (see ``openclaw_cli.trainer_loop``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import functools
 import json
 import os
 import re
+import secrets
+import socket
 import sqlite3
 import struct
 import sys
@@ -42,6 +52,9 @@ SynchronousMode = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
 # "OCLW" in the database header: tells our files apart from any other SQLite database a path might point at.
 APPLICATION_ID = 0x4F434C57
+
+
+_DAMAGED_ADVICE = "move it (and any -wal/-shm file beside it) aside to start a new store, or restore it from a backup"
 
 
 class StoreError(RuntimeError):
@@ -145,6 +158,36 @@ MIGRATIONS: list[tuple[str, ...]] = [
             created_at REAL NOT NULL,
             metrics TEXT NOT NULL
         )""",
+    ),
+    # 1 -> 2: crash-safe hand-off. Who holds a claim (a restart releases a dead process's claims at once instead of
+    # waiting out the lease), per-turn failures and a terminal "failed" outcome (a judge that keeps rejecting a
+    # turn gives up on it), the step that consumed a turn (undone when that step is lost in a crash), and the
+    # checkpoints each step was saved to (resume loads what the store recorded, for any backend).
+    (
+        "ALTER TABLE claims ADD COLUMN owner TEXT",
+        "ALTER TABLE claims ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE claims ADD COLUMN last_error TEXT",
+        "ALTER TABLE claims ADD COLUMN failed INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE claims ADD COLUMN step INTEGER",
+        # Partial indexes keep the status counts cheap however many turns were completed normally.
+        "CREATE INDEX claims_failed ON claims(consumer) WHERE failed = 1",
+        "CREATE INDEX claims_erroring ON claims(consumer) WHERE done_at IS NULL AND last_error IS NOT NULL",
+        # Results written before this migration name their step in the JSON (the trainer's); lift it out.
+        "UPDATE claims SET step = json_extract(result, '$.step') WHERE done_at IS NOT NULL AND json_valid(result) "
+        "AND json_type(result, '$.step') = 'integer'",
+        "CREATE INDEX claims_step ON claims(consumer, step) WHERE step IS NOT NULL",
+        """CREATE TABLE checkpoints (
+            step INTEGER PRIMARY KEY,
+            path TEXT NOT NULL,               -- what the backend's save_state returned (a directory or a URI)
+            created_at REAL NOT NULL
+        )""",
+    ),
+    # 2 -> 3: retention (store.retention_days) deletes old turns. Every foreign key that points at a turn needs an
+    # index on its column, or SQLite checks each deleted turn by scanning the whole referencing table.
+    (
+        "CREATE INDEX IF NOT EXISTS turns_parent ON turns(parent_turn_id)",
+        "CREATE INDEX IF NOT EXISTS claims_turn ON claims(turn_id)",
+        "CREATE INDEX IF NOT EXISTS prefix_index_turn ON prefix_index(turn_id)",
     ),
 ]
 
@@ -617,6 +660,9 @@ class Store:
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}")
         self._lock = threading.RLock()
+        # Names this process's claims; a restart releases every claim another owner left (see take_over_claims).
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._owner_lock_fd: int | None = None
         self._conn = self._open(synchronous, create)
 
     # opening --------------------------------------------------------------------------------------------------------
@@ -648,9 +694,7 @@ class Store:
             raise StoreError(f"cannot open store {path}: {exc}") from None
         except sqlite3.DatabaseError as exc:  # not a database, or corrupt
             conn.close()
-            raise StoreError(
-                f"store {path} is damaged or not an SQLite database ({exc}); move it aside to start a new store"
-            ) from None
+            raise StoreError(f"store {path} is damaged or not an SQLite database ({exc}); {_DAMAGED_ADVICE}") from None
         except StoreError:
             conn.close()
             raise
@@ -666,8 +710,9 @@ class Store:
         # not in the middle of serving a request.
         problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
-            shown = "; ".join(problems[:3])
-            raise StoreError(f"store {path} is corrupt ({shown}); move it aside to start a new store")
+            # quick_check reports one problem per row, some spanning lines: the error must stay one line.
+            shown = "; ".join(" ".join(problem.split()) for problem in problems[:3])[:300]
+            raise StoreError(f"store {path} is corrupt ({shown}); {_DAMAGED_ADVICE}")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -699,6 +744,9 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._owner_lock_fd is not None:
+                os.close(self._owner_lock_fd)  # closing the descriptor drops the flock
+                self._owner_lock_fd = None
 
     def __enter__(self) -> Store:
         return self
@@ -832,10 +880,10 @@ class Store:
                 params,
             ).fetchall()
             self._conn.executemany(
-                "INSERT INTO claims (consumer, turn_id, lease_until, attempts) VALUES (?, ?, ?, 1) "
+                "INSERT INTO claims (consumer, turn_id, lease_until, attempts, owner) VALUES (?, ?, ?, 1, ?) "
                 "ON CONFLICT (consumer, turn_id) DO UPDATE SET lease_until = excluded.lease_until, "
-                "attempts = attempts + 1",
-                [(consumer, row[0], now + lease_s) for row in rows],
+                "attempts = attempts + 1, owner = excluded.owner",
+                [(consumer, row[0], now + lease_s, self.owner) for row in rows],
             )
         return [_turn_from_row(row) for row in rows]
 
@@ -847,30 +895,43 @@ class Store:
         *,
         reward: float | None = None,
         now: float | None = None,
+        failed: bool = False,
     ) -> bool:
         """Record ``consumer``'s result for a turn. True if this call completed it; False if it was already done
-        (the earlier result is kept). ``reward``, when given, is stored on the turn by the first completion."""
-        try:
-            json.loads(result_json)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"result_json must be JSON text: {exc}") from None
+        (the earlier result is kept). ``reward``, when given, is stored on the turn by the first completion.
+        ``failed`` marks a consumer that gave up on the turn (counted apart in :meth:`handoff_counts`)."""
+        _require_json(result_json)
         now = time.time() if now is None else now
         with self.transaction():
-            exists = self._conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone()
-            if exists is None:
-                raise KeyError(f"no turn {turn_id}")
-            cursor = self._conn.execute(
-                "INSERT INTO claims (consumer, turn_id, lease_until, attempts, done_at, result) "
-                "VALUES (?, ?, NULL, 1, ?, ?) ON CONFLICT (consumer, turn_id) DO UPDATE SET "
-                "done_at = excluded.done_at, result = excluded.result, lease_until = NULL "
-                "WHERE claims.done_at IS NULL",
-                (consumer, turn_id, now, result_json),
-            )
-            first = cursor.rowcount == 1
+            first = self._complete_in_tx(consumer, turn_id, result_json, now, reward=reward, failed=failed)
             if first:
-                if reward is not None:
-                    self._conn.execute("UPDATE turns SET reward = ? WHERE id = ?", (float(reward), turn_id))
                 self._advance_floor(consumer)
+        return first
+
+    def _complete_in_tx(
+        self,
+        consumer: str,
+        turn_id: int,
+        result_json: str,
+        now: float,
+        *,
+        reward: float | None = None,
+        failed: bool = False,
+        step: int | None = None,
+    ) -> bool:
+        exists = self._conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone()
+        if exists is None:
+            raise KeyError(f"no turn {turn_id}")
+        cursor = self._conn.execute(
+            "INSERT INTO claims (consumer, turn_id, lease_until, attempts, done_at, result, failed, step) "
+            "VALUES (?, ?, NULL, 1, ?, ?, ?, ?) ON CONFLICT (consumer, turn_id) DO UPDATE SET "
+            "done_at = excluded.done_at, result = excluded.result, lease_until = NULL, failed = excluded.failed, "
+            "step = excluded.step WHERE claims.done_at IS NULL",
+            (consumer, turn_id, now, result_json, int(failed), step),
+        )
+        first = cursor.rowcount == 1
+        if first and reward is not None:
+            self._conn.execute("UPDATE turns SET reward = ? WHERE id = ?", (float(reward), turn_id))
         return first
 
     def _floor(self, consumer: str) -> int:
@@ -909,6 +970,150 @@ class Store:
         )
         return json.loads(rows[0][0]) if rows else None
 
+    # failures and restarts ------------------------------------------------------------------------------------------
+    def release(
+        self,
+        consumer: str,
+        turn_id: int,
+        *,
+        retry_at: float | None = None,
+        error: str | None = None,
+        count_failure: bool = False,
+    ) -> int:
+        """Give back an unfinished claim: the turn is claimable again at ``retry_at`` (at once when None).
+
+        ``error`` is kept as the claim's last error (status displays count such turns); ``count_failure`` adds one
+        to its failure count, which a consumer uses to give up after a few tries. Returns the failure count (0 when
+        the turn has no unfinished claim)."""
+        with self.transaction():
+            self._conn.execute(
+                "UPDATE claims SET lease_until = ?, owner = NULL, last_error = COALESCE(?, last_error), "
+                "failures = failures + ? WHERE consumer = ? AND turn_id = ? AND done_at IS NULL",
+                (retry_at, error, int(count_failure), consumer, turn_id),
+            )
+            row = self._conn.execute(
+                "SELECT failures FROM claims WHERE consumer = ? AND turn_id = ? AND done_at IS NULL",
+                (consumer, turn_id),
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def take_over_claims(self, consumer: str) -> int:
+        """Become the live ``consumer`` of this store (call once at start-up, before claiming).
+
+        Takes the store's owner lock, an advisory ``flock`` on ``<store>.lock`` that the OS drops when the process
+        dies however it dies, so a StoreError naming the holder means another live process runs the loops on this
+        store. Holding it proves every other owner is gone, so their unfinished claims are released now instead of
+        when their leases run out. Returns how many claims were released."""
+        self._take_owner_lock()
+        with self.transaction():
+            cursor = self._conn.execute(
+                "UPDATE claims SET lease_until = NULL, owner = NULL WHERE consumer = ? AND done_at IS NULL "
+                "AND lease_until IS NOT NULL AND (owner IS NULL OR owner != ?)",
+                (consumer, self.owner),
+            )
+        return cursor.rowcount
+
+    def _take_owner_lock(self) -> None:
+        with self._lock:
+            if self._owner_lock_fd is not None:
+                return
+            try:
+                import fcntl
+            except ImportError:  # pragma: no cover - Windows: no flock; one launch per store is up to the user
+                return
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise StoreError(
+                    f"store {self.path} is in use by {holder} (another openclaw launch); stop that process or "
+                    "point store.path at another file"
+                ) from None
+            except OSError:  # a filesystem without flock (some network mounts): run unguarded rather than not at all
+                os.close(fd)
+                return
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{self.owner}\n".encode(), 0)
+            self._owner_lock_fd = fd
+
+    def handoff_counts(self) -> dict[str, dict[str, int]]:
+        """Per consumer: ``failed`` (turns it gave up on) and ``erroring`` (unfinished turns whose last attempt
+        failed, waiting for a retry). Consumers with neither are left out."""
+        counts: dict[str, dict[str, int]] = {}
+        for consumer, n in self._read("SELECT consumer, COUNT(*) FROM claims WHERE failed = 1 GROUP BY consumer"):
+            counts.setdefault(consumer, {"failed": 0, "erroring": 0})["failed"] = n
+        for consumer, n in self._read(
+            "SELECT consumer, COUNT(*) FROM claims WHERE done_at IS NULL AND last_error IS NOT NULL GROUP BY consumer"
+        ):
+            counts.setdefault(consumer, {"failed": 0, "erroring": 0})["erroring"] = n
+        return counts
+
+    # training steps: one transaction per step, checkpoints, undoing steps lost in a crash ---------------------------
+    def commit_step(
+        self,
+        step: int,
+        version: int | None,
+        metrics: dict[str, Any],
+        consumer: str,
+        results: dict[int, Any],
+        *,
+        now: float | None = None,
+    ) -> int:
+        """In ONE transaction: the step's metrics row, and ``consumer``'s completion of every turn of its batch
+        (``results``: turn id -> JSON-able result), each recording ``step`` as the step that consumed it. A crash
+        leaves all of it or none. Returns how many turns this call completed (a turn already done keeps its
+        earlier result)."""
+        now = time.time() if now is None else now
+        with self.transaction():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO steps (step, version, created_at, metrics) VALUES (?, ?, ?, ?)",
+                (step, version, now, _dumps(metrics)),
+            )
+            completed = 0
+            for turn_id, result in results.items():
+                completed += self._complete_in_tx(consumer, turn_id, _dumps(result), now, step=step)
+            if completed:
+                self._advance_floor(consumer)
+        return completed
+
+    def record_checkpoint(self, step: int, path: str, *, now: float | None = None) -> None:
+        """Note that the state after ``step`` was saved at ``path`` (whatever the backend's save_state returned)."""
+        with self.transaction():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO checkpoints (step, path, created_at) VALUES (?, ?, ?)",
+                (step, path, time.time() if now is None else now),
+            )
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """Recorded checkpoints as (step, path), oldest first."""
+        return [(s, p) for s, p in self._read("SELECT step, path FROM checkpoints ORDER BY step")]
+
+    def forget_checkpoint(self, step: int) -> None:
+        with self.transaction():
+            self._conn.execute("DELETE FROM checkpoints WHERE step = ?", (step,))
+
+    def discard_steps_after(self, step: int, consumer: str) -> list[int]:
+        """Undo the record of every step after ``step``, whose weights are gone (a crash before they reached a
+        checkpoint; resume loaded the checkpoint of ``step``): their rows and checkpoint records are deleted and
+        every turn ``consumer`` completed as part of them is reopened, so it is trained again, once, in the
+        lineage that survived. Returns the reopened turn ids, in ready order."""
+        with self.transaction():
+            rows = self._conn.execute(
+                "SELECT c.turn_id, t.ready_seq FROM claims c JOIN turns t ON t.id = c.turn_id "
+                "WHERE c.consumer = ? AND c.step > ? ORDER BY t.ready_seq",
+                (consumer, step),
+            ).fetchall()
+            self._conn.execute("DELETE FROM claims WHERE consumer = ? AND step > ?", (consumer, step))
+            self._conn.execute("DELETE FROM steps WHERE step > ?", (step,))
+            self._conn.execute("DELETE FROM checkpoints WHERE step > ?", (step,))
+            seqs = [seq for _, seq in rows if seq is not None]
+            if seqs and min(seqs) <= self._floor(consumer):
+                # The floor promised everything up to it is done; the reopened turns break that promise.
+                self._conn.execute("UPDATE consumer_floors SET floor = ? WHERE consumer = ?", (min(seqs) - 1, consumer))
+        return [turn_id for turn_id, _ in rows]
+
     # trainer metrics (placeholder for the training loop) ------------------------------------------------------------
     def record_step(self, step: int, version: int | None, metrics: dict[str, Any], *, now: float | None = None) -> None:
         with self.transaction():
@@ -920,6 +1125,123 @@ class Store:
     def steps(self) -> list[tuple[int, int | None, float, dict[str, Any]]]:
         rows = self._read("SELECT step, version, created_at, metrics FROM steps ORDER BY step")
         return [(s, v, t, json.loads(m)) for s, v, t, m in rows]
+
+    # backlog and held-out reads (status displays, promotion gate) ---------------------------------------------------
+    def backlog(self, consumer: str, *, after: str | None = None) -> tuple[int, float | None]:
+        """(how many, oldest ready_at) of the ready main-line turns ``consumer`` has not completed yet; with
+        ``after``, only those that consumer has completed (e.g. judged but not yet trained). Scans only above the
+        consumer's floor, so it costs what the backlog holds, not what the store holds."""
+        chain = (
+            "AND EXISTS (SELECT 1 FROM claims p WHERE p.consumer = ? AND p.turn_id = t.id AND p.done_at IS NOT NULL)"
+            if after is not None
+            else ""
+        )
+        with self._lock:
+            params: list[Any] = [self._floor(consumer), consumer]
+            if after is not None:
+                params.append(after)
+            count, oldest = self._conn.execute(
+                "SELECT COUNT(*), MIN(t.ready_at) FROM turns t WHERE t.ready_seq > ? AND t.turn_type = 'main' "
+                "AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "
+                f"AND c.done_at IS NOT NULL) {chain}",
+                params,
+            ).fetchone()
+        return int(count), oldest
+
+    def oldest_turn_at(self, status: str, turn_type: str = "main") -> float | None:
+        """created_at of the oldest turn with this status (e.g. the longest-waiting ``pending`` turn)."""
+        rows = self._read("SELECT MIN(created_at) FROM turns WHERE status = ? AND turn_type = ?", (status, turn_type))
+        return rows[0][0]
+
+    def latest_turns(self, limit: int, *, turn_type: str = "main", not_done_by: str | None = None) -> list[TurnRecord]:
+        """The newest ``limit`` turns of a type, newest first; ``not_done_by`` skips turns that consumer completed
+        (e.g. the promotion gate's held-out set: turns the trainer has not trained on)."""
+        if limit < 1:
+            return []
+        where = "t.turn_type = ?"
+        params: list[Any] = [turn_type]
+        if not_done_by is not None:
+            where += (
+                " AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "
+                "AND c.done_at IS NOT NULL)"
+            )
+            params.append(not_done_by)
+        rows = self._read(
+            f"SELECT {_TURN_COLUMNS} FROM {_TURN_FROM} WHERE {where} ORDER BY t.id DESC LIMIT ?", (*params, limit)
+        )
+        return [_turn_from_row(row) for row in rows]
+
+    # retention (store.retention_days; see openclaw_cli.retention) ---------------------------------------------------
+    def purge_older_than(self, cutoff: float, *, now: float | None = None, batch: int = 500) -> PurgeResult:
+        """Delete every turn captured before ``cutoff`` (Unix seconds), with its payload, prefix-index entries and
+        hand-off rows; then every session left without turns whose last activity is before ``cutoff``.
+
+        A turn under a live claim (unfinished, lease or retry time still ahead) is kept: a judge or trainer is on
+        it. A newer turn that extended a purged one keeps its own copy of the conversation (that is its prompt) and
+        loses only the link (``parent_turn_id`` becomes NULL). Deletes run in transactions of ``batch`` turns, so
+        capture waits at most one batch. Deleted content is overwritten (``secure_delete``) and the WAL is truncated
+        afterwards when no reader holds it, so purged text does not linger in the files.
+        """
+        now = time.time() if now is None else now
+        purged_turns = purged_sessions = 0
+        with self._lock:
+            previous = self._conn.execute("PRAGMA secure_delete").fetchone()[0]
+            self._conn.execute("PRAGMA secure_delete=ON")
+        try:
+            while True:
+                with self.transaction():
+                    ids = [
+                        row[0]
+                        for row in self._conn.execute(
+                            "SELECT t.id FROM turns t WHERE t.created_at < ? AND NOT EXISTS (SELECT 1 FROM claims c "
+                            "WHERE c.turn_id = t.id AND c.done_at IS NULL AND c.lease_until > ?) ORDER BY t.id LIMIT ?",
+                            (cutoff, now, batch),
+                        ).fetchall()
+                    ]
+                    if ids:
+                        self._delete_turns(ids)
+                purged_turns += len(ids)
+                if len(ids) < batch:
+                    break
+            with self.transaction():
+                purged_sessions = self._conn.execute(
+                    "DELETE FROM sessions WHERE last_seen_at < ? "
+                    "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = sessions.id)",
+                    (cutoff,),
+                ).rowcount
+        finally:
+            with self._lock:
+                self._conn.execute(f"PRAGMA secure_delete={int(previous)}")
+        if purged_turns or purged_sessions:
+            with self._lock, suppress(sqlite3.OperationalError):
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy readers: the next purge retries
+        return PurgeResult(turns=purged_turns, sessions=purged_sessions)
+
+    def _delete_turns(self, ids: Sequence[int]) -> None:
+        marks = ",".join("?" * len(ids))
+        for statement in (
+            f"DELETE FROM prefix_index WHERE turn_id IN ({marks})",
+            f"DELETE FROM claims WHERE turn_id IN ({marks})",
+            f"UPDATE turns SET parent_turn_id = NULL WHERE parent_turn_id IN ({marks})",
+            f"UPDATE sessions SET tail_turn_id = NULL WHERE tail_turn_id IN ({marks})",
+            f"UPDATE sessions SET fork_turn_id = NULL WHERE fork_turn_id IN ({marks})",
+            f"DELETE FROM turn_data WHERE turn_id IN ({marks})",
+            f"DELETE FROM turns WHERE id IN ({marks})",
+        ):
+            self._conn.execute(statement, ids)
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    turns: int
+    sessions: int
+
+
+def _require_json(text: str) -> None:
+    try:
+        json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"result_json must be JSON text: {exc}") from None
 
 
 def _tighten_mode(path: Path) -> None:

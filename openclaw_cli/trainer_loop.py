@@ -5,20 +5,42 @@ after="judge")``), turns them into :class:`~openclaw_cli.algorithms.TrainSample`
 completion ids and the policy's raw log-probabilities at serving time; for ``opd`` / ``combined`` the teacher's
 log-probabilities of the same completion in the hint-extended context, scored by the frozen base model), builds
 datums for ``settings.method``, runs ``forward_backward(..., "ppo")`` + ``optim_step``, publishes the new weights and
-records the step. Every claimed turn is then completed for consumer ``"trainer"`` with what happened to it, so a
-sample is trained at most once; a batch with no usable signal (all scores 0, no hints, or all too stale) is
-completed without a step.
+records the step. A batch with no usable signal (all scores 0, no hints, or all too stale) is completed without a
+step; a turn the judge gave up on (``"failed"`` verdict) is completed as untrained and takes no place in a batch.
+
+**One step, in this order** (the order is what makes a crash at any moment safe):
+
+1. claim judged turns; a half-filled batch is held in memory only (its claims name this process);
+2. ``discard_gradients`` (whatever an earlier failed attempt accumulated), ``forward_backward``, ``optim_step``:
+   the update now exists in this process's memory and nowhere else;
+3. ``publish``: serving moves to the new version (replies served from it are stored like any other);
+4. :meth:`~openclaw_cli.store.Store.commit_step`: ONE transaction holding the step's metrics (with the ids of the
+   turns it trained) and the completion of every batch turn for ``"trainer"``, each naming this step;
+5. every ``train.checkpoint_every`` steps and at shutdown: ``save_state("step-NNNNNNNN")`` (the local backend writes
+   a temp dir and renames it, so a checkpoint is whole or absent), then its path is recorded in the store.
+
+**Resume** (:meth:`TrainerLoop.resume`, before serving): take over the trainer's claims (a dead process's claims are
+released at once, so its half-filled batch is claimed again), load the newest checkpoint that loads (recorded in the
+store, or found in ``local.state_dir``), say step ``c``, and :meth:`~openclaw_cli.store.Store.discard_steps_after`
+``c``: steps after ``c`` were committed but their weights died with the process, so their rows are deleted and their
+turns reopened, to be trained again on top of ``c``. A crash
+
+- before 4 leaves nothing of the step in the store: its turns are released and trained again;
+- between 4 and the next checkpoint: the store has the step, no checkpoint does: undone on resume, trained again;
+- inside 5: the checkpoint is whole or absent; a whole one that was not recorded yet is found by the directory scan
+  (it was written after its step committed, so it agrees with the store).
+
+So a turn is never marked trained unless the weights that survive include it, and its update is in those weights at
+most once. The price is redoing up to ``checkpoint_every`` steps after a crash; versions published after the newest
+checkpoint are gone too (their numbers may be handed out again). A commit that fails (a store error) is retried
+before anything else is trained, and no checkpoint is written while the weights hold an update the store has not
+recorded (a failed commit, or a step cut short by a forced shutdown).
 
 **Failures.** A failed ``forward_backward`` / ``optim_step`` is logged and the same batch is retried on the next
-round, up to :data:`MAX_STEP_ATTEMPTS` times; then its turns are completed as skipped with the error. Serving is
-untouched either way: the last published version keeps answering. A failed publish after a successful step is
-logged; the update stays in the trainer and goes out with the next successful publish.
-
-**Checkpoints and resume.** Every ``train.checkpoint_every`` steps and on shutdown the backend saves its state as
-``step-NNNNNNNN`` under ``local.state_dir`` (the newest :data:`KEEP_CHECKPOINTS` are kept). :meth:`TrainerLoop.resume`
-loads the newest one and continues the step count from the larger of its number and the last step in the store.
-Turns are leased for :data:`LEASE_S`; after a crash, turns claimed but not completed become claimable again when
-their lease runs out, and anything already completed for "trainer" is never trained again.
+round, up to :data:`MAX_STEP_ATTEMPTS` times, each attempt starting from discarded gradients (a backend without
+``discard_gradients`` is not retried: a retry could count a datum twice); then its turns are completed as skipped
+with the error. Serving is untouched either way: the last published version keeps answering. A failed publish after
+a successful step is logged; the update stays in the trainer and goes out with the next successful publish.
 """
 
 from __future__ import annotations
@@ -29,26 +51,37 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from openclaw_cli.algorithms import RunningBaseline, TrainSample, build_datums, ppo_loss_config, teacher_messages
 from openclaw_cli.backend import Backend
+from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
-from openclaw_cli.types import AdamParams
+from openclaw_cli.types import AdamParams, PolicyVersion
 
 log = logging.getLogger("openclaw.trainer")
 
 CONSUMER = "trainer"
 JUDGE_CONSUMER = "judge"
-LEASE_S = 600.0  # long enough for a slow step on a big model; a crashed process's claims free up after it
+# Claims are held until this process completes them or dies: a restart's Store.take_over_claims frees a dead
+# process's claims at once, and the store's owner lock rules out a second live trainer, so the lease never needs to
+# run out while we live (one that did would hand our half-filled batch back to us).
+LEASE_S = 365 * 24 * 3600.0
 MAX_STEP_ATTEMPTS = 3
 KEEP_CHECKPOINTS = 3
 CHECKPOINT_PREFIX = "step-"
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+# Left behind by a write_dir_atomically that was killed half-way (see backends/local/model_loading.py).
+_PARTIAL_CHECKPOINT = re.compile(rf"^\.{CHECKPOINT_PREFIX}\d+\.(tmp|old)-")
 _STATE_FILE = "openclaw-state.json"  # written by the local backend's save_state; marks a finished checkpoint
+
+
+class ResumeError(RuntimeError):
+    """No checkpoint could be loaded although some exist; the message names the newest and what to do."""
 
 
 @dataclass
@@ -70,9 +103,19 @@ class TrainerStats:
     trained_samples: int = 0
     skipped_batches: int = 0
     failures: int = 0
+    reopened_turns: int = 0  # turns of steps lost in a crash, trained again after resume
     last_error: str | None = None
     last_metrics: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # mean reward per step, newest last (bounded)
+
+
+@dataclass
+class _StepCommit:
+    """A trained step waiting for its store transaction (kept when the store refused it, and retried)."""
+
+    report: StepReport
+    results: dict[int, dict[str, Any]]
+    mean_reward: float | None
 
 
 def checkpoint_name(step: int) -> str:
@@ -98,11 +141,19 @@ class TrainerLoop:
         self.settings = settings
         self.poll_s = poll_s
         self.stats = TrainerStats()
-        self.step = 0
+        self.step = 0  # the last step committed to the store
         self._last_checkpoint_step: int | None = None
         self._pending: dict[int, TurnRecord] = {}  # claimed, waiting for a full batch (insertion = ready order)
+        self._verdicts: dict[int, dict[str, Any]] = {}  # the judge's result for each pending turn
+        self._uncommitted: _StepCommit | None = None
+        # True from the moment optim_step may change the weights until the store records that step: a checkpoint
+        # taken then (e.g. at a forced shutdown) would hold an update whose turns the store still calls untrained.
+        self._weights_ahead = False
         self._attempts = 0
         self._baseline = RunningBaseline(decay=settings.train.baseline_decay)
+        self._can_discard = callable(getattr(backend, "discard_gradients", None))
+        # How a trained step reaches serving: the backend's publish, or a promotion gate's (see openclaw launch).
+        self.publisher: Callable[[str], Awaitable[PolicyVersion]] = backend.publish
 
     @property
     def state_dir(self) -> Path:
@@ -111,39 +162,99 @@ class TrainerLoop:
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     async def resume(self) -> int | None:
-        """Load the newest checkpoint (if any) and continue the step count; returns the step it resumed from."""
+        """Take over the trainer's claims, load the newest loadable checkpoint and undo the steps it lacks (see the
+        module docstring). Returns the step it resumed from (None: no checkpoint, training starts from the base)."""
+        released = await asyncio.to_thread(self.store.take_over_claims, CONSUMER)
+        if released:
+            log.info("released %d turn(s) a previous process had claimed for training", released)
+        await asyncio.to_thread(self._remove_partial_checkpoints)
         store_steps = await asyncio.to_thread(self.store.steps)
         last_recorded = store_steps[-1][0] if store_steps else 0
-        checkpoints = list_checkpoints(self.state_dir)
-        resumed: int | None = None
-        if checkpoints:
-            number, path = checkpoints[-1]
-            info = await self.backend.load_state(str(path))
-            resumed = number
-            self._last_checkpoint_step = number
-            log.info("resumed from checkpoint %s (serving version %d)", path, info.version)
-        self.step = max(last_recorded, resumed or 0)
+        resumed = await self._load_newest_checkpoint()
+        base = resumed or 0
+        if resumed is not None and resumed > last_recorded:
+            log.warning(
+                "checkpoint step %d is newer than the store's last step %d (a store restored from an older copy?); "
+                "continuing from the checkpoint",
+                resumed,
+                last_recorded,
+            )
+        reopened = await asyncio.to_thread(self.store.discard_steps_after, base, CONSUMER)
+        if last_recorded > base:
+            log.warning(
+                "steps %d-%d never reached a checkpoint (the last run stopped without one); %d turn(s) they "
+                "trained will be trained again on top of step %d",
+                base + 1,
+                last_recorded,
+                len(reopened),
+                base,
+            )
+        self.stats.reopened_turns += len(reopened)
+        self._last_checkpoint_step = resumed
+        self.step = base
         self.stats.steps = self.step
         return resumed
 
+    async def _load_newest_checkpoint(self) -> int | None:
+        """Load the newest checkpoint that loads; None when there is none. Raises ResumeError when some exist but
+        none loads (refusing is safer than silently dropping the record of every step since the base)."""
+        recorded = await asyncio.to_thread(self.store.checkpoints)
+        candidates: dict[int, str] = {step: path for step, path in recorded}
+        for step, path in list_checkpoints(self.state_dir):
+            candidates.setdefault(step, str(path))
+        errors: list[str] = []
+        for step, path in sorted(candidates.items(), reverse=True):
+            local = Path(path).expanduser()
+            if local.is_absolute() and not local.exists():
+                continue  # a recorded local checkpoint pruned since; a URI (another backend's) is simply tried
+            try:
+                info = await self.backend.load_state(path)
+            except Exception as exc:
+                errors.append(f"{path}: {type(exc).__name__}: {exc}")
+                log.warning("cannot load checkpoint %s (%s); trying an older one", path, exc)
+                continue
+            log.info("resumed from checkpoint %s (serving version %d)", path, info.version)
+            return step
+        if errors:
+            raise ResumeError(
+                f"no checkpoint could be loaded ({errors[0]}); fix or move aside {self.state_dir} to start training "
+                "from the base model (turns trained since are then trained again)"
+            )
+        return None
+
+    def _remove_partial_checkpoints(self) -> None:
+        if not self.state_dir.is_dir():
+            return
+        for path in self.state_dir.iterdir():
+            if _PARTIAL_CHECKPOINT.match(path.name):
+                shutil.rmtree(path, ignore_errors=True)
+
     async def checkpoint(self) -> str | None:
-        """Save state as ``step-NNNNNNNN`` unless the newest checkpoint already is this step."""
+        """Save state as ``step-NNNNNNNN`` unless the newest checkpoint already is this step (or a trained step is
+        still waiting for its commit: a checkpoint must never hold an update the store does not know)."""
+        if self._weights_ahead:
+            log.warning("the step after %d is not committed to the store yet; no checkpoint", self.step)
+            return None
         if self._last_checkpoint_step == self.step:
             return None
-        path = await self.backend.save_state(checkpoint_name(self.step))
-        self._last_checkpoint_step = self.step
-        self._prune_checkpoints()
+        step = self.step
+        path = await self.backend.save_state(checkpoint_name(step))
+        await asyncio.to_thread(self.store.record_checkpoint, step, path)
+        self._last_checkpoint_step = step
+        await asyncio.to_thread(self._prune_checkpoints)
         log.info("checkpoint saved: %s", path)
         return path
 
     def _prune_checkpoints(self) -> None:
-        for _, path in list_checkpoints(self.state_dir)[:-KEEP_CHECKPOINTS]:
+        for step, path in list_checkpoints(self.state_dir)[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(path, ignore_errors=True)
+            self.store.forget_checkpoint(step)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Train whenever a batch is ready until ``stop`` is set; the step in progress finishes, then a checkpoint."""
         try:
             while not stop.is_set():
+                skipped_before = self.stats.skipped_batches
                 try:
                     report = await self.run_once()
                 except Exception as exc:  # never let one bad batch end training for the whole process
@@ -151,6 +262,10 @@ class TrainerLoop:
                     self.stats.failures += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
                     report = None
+                # A batch dropped for having no signal (e.g. all stale) says nothing about what is queued behind
+                # it; pausing there would let a backlog of stale turns drain at one batch per poll.
+                if self.stats.skipped_batches > skipped_before:
+                    continue
                 if report is None:  # nothing to train yet, or a failed step: pause before the next try
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
@@ -164,12 +279,11 @@ class TrainerLoop:
 
     async def run_once(self) -> StepReport | None:
         """Claim judged turns; once a full batch is held, train on it. None when no step was taken."""
+        if self._uncommitted is not None:  # the weights are a step ahead of the store: settle that first
+            return await self._commit(self._uncommitted)
         batch_size = self.settings.train.batch_size
-        want = batch_size - len(self._pending)
-        if want > 0:
-            claimed = await asyncio.to_thread(self.store.claim_ready, CONSUMER, want, LEASE_S, after=JUDGE_CONSUMER)
-            for turn in claimed:
-                self._pending.setdefault(turn.id, turn)  # a re-delivered lease must not count twice
+        while len(self._pending) < batch_size and await self._claim(batch_size - len(self._pending)):
+            pass  # claim again when some of what came back was not trainable (the judge gave up on it)
         if len(self._pending) < batch_size:
             return None
         batch = list(self._pending.values())[:batch_size]
@@ -179,7 +293,7 @@ class TrainerLoop:
             self._attempts += 1
             self.stats.failures += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
-            if self._attempts < MAX_STEP_ATTEMPTS:
+            if self._attempts < MAX_STEP_ATTEMPTS and self._can_discard:
                 log.warning("training step failed (attempt %d, will retry): %s", self._attempts, exc)
                 return None
             log.error("training step failed %d times; skipping its %d turns: %s", self._attempts, len(batch), exc)
@@ -189,9 +303,32 @@ class TrainerLoop:
         self._release(batch)
         return report
 
+    async def _claim(self, want: int) -> int:
+        """Claim up to ``want`` more turns into the pending batch; returns how many new turns it got."""
+
+        def claim() -> list[tuple[TurnRecord, Any]]:
+            turns = self.store.claim_ready(CONSUMER, want, LEASE_S, after=JUDGE_CONSUMER)
+            return [(turn, self.store.result_of(JUDGE_CONSUMER, turn.id)) for turn in turns]
+
+        gave_up: list[TurnRecord] = []
+        new = 0
+        for turn, verdict in await asyncio.to_thread(claim):
+            if turn.id in self._pending:
+                continue  # a re-delivered claim must not count twice
+            new += 1
+            if isinstance(verdict, dict) and verdict.get("failed"):
+                gave_up.append(turn)
+                continue
+            self._pending[turn.id] = turn
+            self._verdicts[turn.id] = verdict if isinstance(verdict, dict) else {}
+        if gave_up:
+            await self._complete(gave_up, {"trained": False, "reason": "judge_failed"})
+        return new
+
     def _release(self, batch: list[TurnRecord]) -> None:
         for turn in batch:
             self._pending.pop(turn.id, None)
+            self._verdicts.pop(turn.id, None)
         self._attempts = 0
 
     async def _train(self, batch: list[TurnRecord]) -> StepReport | None:
@@ -210,6 +347,8 @@ class TrainerLoop:
             await self._complete(batch, {"trained": False, "reason": "no usable signal", "stale": stale})
             return None
 
+        if self._can_discard:
+            await self.backend.discard_gradients()  # a failed earlier attempt may have left some behind
         fb = await self.backend.forward_backward(datums, "ppo", ppo_loss_config(train))
         adam = AdamParams(
             learning_rate=train.lr,
@@ -218,13 +357,17 @@ class TrainerLoop:
             weight_decay=train.weight_decay,
             grad_clip_norm=train.grad_clip_norm,
         )
-        optim = await self.backend.optim_step(adam)
+        self._weights_ahead = True  # a cancelled optim_step still finishes in its worker thread
+        try:
+            optim = await self.backend.optim_step(adam)
+        except Exception:
+            self._weights_ahead = False  # it failed: no update (what retrying the step relies on, too)
+            raise
         self._baseline.update([r for r in rewards if r != 0])
         # The update is in the trainer from here on: the turns count as trained even if publishing fails.
         step = self.step + 1
-        self.step = step
         try:
-            version = (await self.backend.publish(checkpoint_name(step))).version
+            version = (await self.publisher(checkpoint_name(step))).version
             publish_error = None
         except Exception as exc:
             log.exception("publishing step %d failed; serving stays on the previous version", step)
@@ -248,35 +391,52 @@ class TrainerLoop:
             "lr": train.lr,
             "method": method,
             "backend_step": optim.step,
+            "trained_turn_ids": list(trained_ids),
         }
         if publish_error is not None:
             metrics["publish_error"] = publish_error
-        await asyncio.to_thread(self.store.record_step, step, version, metrics)
         trained = set(trained_ids)
-        for turn in batch:
-            outcome = {"trained": turn.id in trained, "step": step, "version": version}
-            await asyncio.to_thread(self.store.complete, CONSUMER, turn.id, json.dumps(outcome))
+        results = {turn.id: {"trained": turn.id in trained, "step": step, "version": version} for turn in batch}
+        report = StepReport(step, version, metrics, list(trained_ids), [t.id for t in batch])
+        return await self._commit(_StepCommit(report, results, mean_reward))
 
-        self.stats.steps = step
-        self.stats.trained_samples += len(trained_ids)
-        self.stats.last_metrics = metrics
-        if mean_reward is not None:
-            self.stats.rewards = [*self.stats.rewards[-199:], mean_reward]
+    async def _commit(self, pending: _StepCommit) -> StepReport | None:
+        """Write the step and its turns in one transaction; on failure keep it for the next round (the weights
+        already hold the update, so the batch must not be trained again)."""
+        report = pending.report
+        try:
+            await asyncio.to_thread(
+                self.store.commit_step, report.step, report.version, report.metrics, CONSUMER, pending.results
+            )
+        except Exception as exc:
+            self._uncommitted = pending
+            self.stats.failures += 1
+            self.stats.last_error = f"committing step {report.step}: {type(exc).__name__}: {exc}"
+            log.error("cannot commit step %d to the store (%s); retrying before training more", report.step, exc)
+            return None
+        self._uncommitted = None
+        self._weights_ahead = False
+        self.step = report.step
+        self.stats.steps = report.step
+        self.stats.trained_samples += len(report.trained_turn_ids)
+        self.stats.last_metrics = report.metrics
+        if pending.mean_reward is not None:
+            self.stats.rewards = [*self.stats.rewards[-199:], pending.mean_reward]
         log.info(
             "step %d -> version %d: loss %.4f, reward %s, %d samples, %d tokens",
-            step,
-            version,
-            fb.loss,
-            "n/a" if mean_reward is None else f"{mean_reward:+.2f}",
-            len(datums),
-            metrics["tokens"],
+            report.step,
+            report.version,
+            report.metrics["loss"],
+            "n/a" if pending.mean_reward is None else f"{pending.mean_reward:+.2f}",
+            report.metrics["n_samples"],
+            report.metrics["tokens"],
         )
-        if step % train.checkpoint_every == 0:
+        if report.step % self.settings.train.checkpoint_every == 0:
             try:
                 await self.checkpoint()
             except Exception:
-                log.exception("checkpoint at step %d failed; training continues", step)
-        return StepReport(step, version, metrics, list(trained_ids), [t.id for t in batch])
+                log.exception("checkpoint at step %d failed; training continues", report.step)
+        return report
 
     async def _complete(self, batch: list[TurnRecord], outcome: dict[str, Any]) -> None:
         text = json.dumps(outcome)
@@ -291,7 +451,9 @@ class TrainerLoop:
         rewards: list[float] = []
         unusable = 0
         for turn in batch:
-            verdict = await asyncio.to_thread(self.store.result_of, JUDGE_CONSUMER, turn.id)
+            verdict = self._verdicts.get(turn.id)
+            if verdict is None:
+                verdict = await asyncio.to_thread(self.store.result_of, JUDGE_CONSUMER, turn.id)
             verdict = verdict if isinstance(verdict, dict) else {}
             score = verdict.get("score", turn.reward)
             reward = float(score) if isinstance(score, int | float) else None
@@ -300,6 +462,10 @@ class TrainerLoop:
             # The ratio needs the policy's raw log-probabilities of exactly these tokens; without them (or with a
             # mismatch) the turn cannot be trained without re-scoring under a version that may be gone.
             if not turn.completion_tokens or len(turn.logprobs) != len(turn.completion_tokens):
+                unusable += 1
+                continue
+            # store.redact: token ids cannot be redacted, so a turn carrying a secret never goes to a cloud trainer.
+            if await asyncio.to_thread(withhold_from_training, turn, self.settings, self.backend.name):
                 unusable += 1
                 continue
             teacher = None

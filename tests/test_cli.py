@@ -273,8 +273,8 @@ def test_backends_lists_every_registered_backend_with_checks(monkeypatch):
     out = result.stdout
     for name in ("local (selected)", "tinker", "fireworks"):
         assert name in out
-    assert "the Tinker backend is not built yet" in out
-    assert "the Fireworks backend is not built yet" in out
+    assert "set --model to a Tinker base model" in out  # tinker checks the model it would train
+    assert "stepwise" in out  # fireworks reports its (default) training mode
     assert "set FIREWORKS_API_KEY" in out  # fireworks has no key here...
     assert "set TINKER_API_KEY" not in out  # ...tinker has one from the env
     assert "✗" in out and "✓" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.sessions import SessionCapture
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
-from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, TrainerLoop, list_checkpoints
+from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, ResumeError, TrainerLoop, list_checkpoints
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, PolicyVersion, StepResult
 
 PROMPT = [11, 12, 13]
@@ -32,8 +33,11 @@ class RecordingBackend:
         self.version = 0
         self.step = 0
         self.fail_forward_backward = 0
+        self.fail_optim_step = 0
         self.calls: list[tuple[str, Any]] = []
         self.datums: list[list[Datum]] = []
+        self.accumulated: list[Datum] = []  # what a real trainer would hold as gradients
+        self.stepped_on: list[int] = []  # datums accumulated at each successful optim_step
 
     def tokenizer(self) -> Any:
         return self._tokenizer
@@ -53,13 +57,22 @@ class RecordingBackend:
             self.fail_forward_backward -= 1
             raise RuntimeError("device lost")
         self.datums.append(datums)
+        self.accumulated.extend(datums)
         n_tokens = sum(sum(1 for w in d.loss_fn_inputs["weights"] if w > 0) for d in datums)
         return FwdBwdResult(
             loss=0.75, metrics={"n_tokens": float(n_tokens), "clip_fraction": 0.25, "kl_sampler": 0.01}, logprobs=[]
         )
 
+    async def discard_gradients(self) -> None:
+        self.accumulated.clear()
+
     async def optim_step(self, adam: AdamParams) -> StepResult:
         self.calls.append(("optim_step", adam))
+        if self.fail_optim_step > 0:
+            self.fail_optim_step -= 1
+            raise RuntimeError("optimizer state on a lost device")
+        self.stepped_on.append(len(self.accumulated))
+        self.accumulated.clear()
         self.step += 1
         return StepResult(self.step, {"grad_norm": 0.5})
 
@@ -113,6 +126,8 @@ class World:
         self.settings = Settings(
             train=TrainSettings(**train), local=LocalSettings(state_dir=tmp_path / "ckpt"), method="rl"
         )
+        self.tmp_path = tmp_path
+        self.tokenizer = tokenizer
         self.store = Store(tmp_path / "store.sqlite3")
         self.capture = SessionCapture(self.store, self.settings)
         self.backend = RecordingBackend(tokenizer, tmp_path / "ckpt")
@@ -120,6 +135,13 @@ class World:
 
     def loop(self) -> TrainerLoop:
         return TrainerLoop(self.store, self.backend, self.settings)  # type: ignore[arg-type]
+
+    def crash_and_restart(self) -> None:
+        """What a kill -9 leaves: the store file and the checkpoints; no in-memory state, no shutdown checkpoint."""
+        self.store.close()
+        self.store = Store(self.tmp_path / "store.sqlite3")
+        self.capture = SessionCapture(self.store, self.settings)
+        self.backend = RecordingBackend(self.tokenizer, self.tmp_path / "ckpt")
 
     def ready_turn(
         self, completion: list[int], *, version: int = 0, score: int | None = None, hint: str | None = None
@@ -268,3 +290,126 @@ async def test_checkpoints_every_n_steps_on_shutdown_and_resumes(tmp_path: Path,
     assert report is not None and report.step == 4
     assert [s for s, *_ in world.store.steps()] == [1, 2, 3, 4]
     world.store.close()
+
+
+# --- faults and crashes ---------------------------------------------------------------------------------------------
+async def test_an_optim_step_failure_is_retried_from_discarded_gradients(world: World) -> None:
+    world.backend.fail_optim_step = 1
+    ids = [world.ready_turn([21], score=1), world.ready_turn([22], score=-1)]
+    loop = world.loop()
+    assert await loop.run_once() is None  # forward_backward ran, optim_step failed: 2 datums left accumulated
+    assert world.backend.accumulated and world.backend.version == 0
+    report = await loop.run_once()
+    assert report is not None and report.batch_turn_ids == ids
+    # The retry started from zero: the step saw this batch's 2 datums once, not 4.
+    assert world.backend.stepped_on == [2]
+    assert len(world.backend.called("forward_backward")) == 2 and world.backend.version == 1
+
+
+async def test_an_optimizer_that_always_fails_skips_the_batch_and_serving_keeps_its_version(world: World) -> None:
+    world.backend.fail_optim_step = MAX_STEP_ATTEMPTS
+    ids = [world.ready_turn([21], score=1), world.ready_turn([22], score=1)]
+    loop = world.loop()
+    for _ in range(MAX_STEP_ATTEMPTS):
+        assert await loop.run_once() is None
+    assert world.backend.version == 0 and world.backend.called("publish") == []
+    assert world.store.steps() == []
+    error = "RuntimeError: optimizer state on a lost device"
+    assert [world.store.result_of("trainer", i) for i in ids] == [{"trained": False, "error": error}] * 2
+    # Training goes on with the next batch.
+    world.ready_turn([23], score=1), world.ready_turn([24], score=1)
+    report = await loop.run_once()
+    assert report is not None and report.step == 1 and world.backend.stepped_on == [2]
+
+
+async def test_a_failed_commit_is_retried_without_training_the_batch_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [world.ready_turn([21], score=1), world.ready_turn([22], score=1)]
+    real_commit = world.store.commit_step
+    refusals = [sqlite3.OperationalError("database is locked")]
+
+    def flaky_commit(*args: Any, **kwargs: Any) -> int:
+        if refusals:
+            raise refusals.pop()
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(world.store, "commit_step", flaky_commit)
+    loop = world.loop()
+    assert await loop.run_once() is None
+    assert world.store.steps() == [] and loop.step == 0 and world.backend.step == 1
+    assert await loop.checkpoint() is None  # never a checkpoint holding an update the store does not know
+    report = await loop.run_once()
+    assert report is not None and report.step == 1 and report.batch_turn_ids == ids
+    assert len(world.backend.called("forward_backward")) == 1  # committed, not retrained
+    assert [s for s, *_ in world.store.steps()] == [1]
+
+
+async def test_a_crash_before_the_checkpoint_undoes_the_lost_steps_and_trains_their_turns_once(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1, checkpoint_every=2)
+    ids = [world.ready_turn([21 + i], score=1) for i in range(3)]
+    loop = world.loop()
+    for _ in range(3):
+        assert await loop.run_once() is not None
+    # Step 2 was checkpointed; step 3 is committed in the store but its weights exist only in memory.
+    assert [s for s, *_ in world.store.steps()] == [1, 2, 3]
+    assert world.store.checkpoints() == [(2, str(tmp_path / "ckpt" / "step-00000002"))]
+
+    world.crash_and_restart()
+    resumed = world.loop()
+    assert await resumed.resume() == 2
+    assert world.backend.called("load_state") == ["step-00000002"] and resumed.step == 2
+    assert [s for s, *_ in world.store.steps()] == [1, 2]
+    assert world.store.result_of("trainer", ids[2]) is None and resumed.stats.reopened_turns == 1
+    report = await resumed.run_once()
+    assert report is not None and (report.step, report.trained_turn_ids) == (3, [ids[2]])
+    trained = [i for *_, metrics in world.store.steps() for i in metrics["trained_turn_ids"]]
+    assert sorted(trained) == ids  # every turn in exactly one surviving step
+    world.store.close()
+
+
+async def test_a_half_filled_batch_held_by_a_crashed_process_is_claimed_again_at_once(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=2)
+    first = world.ready_turn([21], score=1)
+    assert await world.loop().run_once() is None  # holds `first`, waiting for a second turn
+    world.crash_and_restart()
+    loop = world.loop()
+    assert await loop.resume() is None  # no checkpoint: from the base
+    second = world.ready_turn([22], score=1)
+    report = await loop.run_once()
+    assert report is not None and report.batch_turn_ids == [first, second]
+    world.store.close()
+
+
+async def test_turns_the_judge_gave_up_on_are_completed_untrained_and_take_no_batch_slot(world: World) -> None:
+    given_up = world.ready_turn([21])
+    world.store.complete("judge", given_up, json.dumps({"score": None, "failed": True}), failed=True)
+    ids = [world.ready_turn([22], score=1), world.ready_turn([23], score=-1)]
+    report = await world.loop().run_once()
+    assert report is not None and report.batch_turn_ids == ids
+    assert world.store.result_of("trainer", given_up) == {"trained": False, "reason": "judge_failed"}
+
+
+async def test_resume_refuses_when_checkpoints_exist_but_none_loads(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1, checkpoint_every=1)
+    world.ready_turn([21], score=1)
+    assert await world.loop().run_once() is not None
+    (tmp_path / "ckpt" / "step-00000001" / "openclaw-state.json").write_text("{not json")
+    world.crash_and_restart()
+    with pytest.raises(ResumeError, match="no checkpoint could be loaded"):
+        await world.loop().resume()
+    assert [s for s, *_ in world.store.steps()] == [1]  # nothing was undone
+    world.store.close()
+
+
+async def test_resume_removes_checkpoint_directories_a_kill_left_half_written(world: World) -> None:
+    leftover = world.tmp_path / "ckpt" / ".step-00000004.tmp-abc123"
+    leftover.mkdir(parents=True)
+    keep = world.tmp_path / "ckpt" / "notes"
+    keep.mkdir()
+    await world.loop().resume()
+    assert not leftover.exists() and keep.exists()

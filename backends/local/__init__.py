@@ -85,7 +85,8 @@ class LocalBackend:
         self._vllm_adapters: Path | None = None
         self._train_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
-        self._published_step = 0  # trainer step whose weights the current version serves
+        self._published_step = 0  # trainer step whose weights the current version serves (-1: none)
+        self._staged_step: tuple[int, int] | None = None  # (version, trainer step) of the last staged version
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -176,6 +177,11 @@ class LocalBackend:
         async with self._train_lock:
             return await asyncio.to_thread(trainer.forward_backward, datums, loss, loss_config)
 
+    async def discard_gradients(self) -> None:
+        trainer = self._require_trainer()
+        async with self._train_lock:
+            trainer.discard_gradients()  # sets .grad to None: no tensor work worth a thread
+
     async def optim_step(self, adam: AdamParams) -> StepResult:
         trainer = self._require_trainer()
         async with self._train_lock:
@@ -189,14 +195,65 @@ class LocalBackend:
             self._published_step = trainer.step
             return info
 
-    async def _publish_everywhere(self, weights: LoraWeights, name: str | None, version: int | None) -> PolicyVersion:
+    # -- version control (optional capabilities: see openclaw_cli.backend.SupportsVersionControl) ---------------
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        """Like :meth:`publish`, but the new version is only servable when pinned; the current one keeps serving
+        until :meth:`activate` promotes it (the promotion gate evaluates it in between)."""
+        trainer = self._require_trainer()
+        async with self._train_lock:
+            weights = await asyncio.to_thread(trainer.lora_weights)
+            info = await self._publish_everywhere(weights, name, None, make_current=False)
+            self._staged_step = (info.version, trainer.step)
+            return info
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        """Serve ``version`` (a servable one: the base 0 or one of the last ``local.keep_versions``) from now on.
+
+        Serving switches at once, even while a training step runs. ``train_from=True`` (a rollback) then also
+        resets the trainer to that version's LoRA weights with a fresh optimizer once the step in progress is done,
+        so training continues from what is served instead of republishing the abandoned weights at the next step.
+        Without it the trainer is untouched (promoting a staged version: the trainer already has it).
+        """
+        versions = self._require_versions()
+        served = versions.acquire(version)  # raises, listing the servable versions, if it is not one
+        info = self._serve(version)
+        async with self._train_lock:
+            if train_from:
+                trainer = self._require_trainer()
+                try:
+                    await asyncio.to_thread(trainer.set_lora_weights, served.weights)
+                except ValueError as exc:
+                    raise BackendError(f"cannot train from version {version}: {exc}") from exc
+                # A step that finished while we waited may have published the abandoned weights: serve ours again.
+                info = self._serve(version)
+                # The trainer's weights are exactly this version again, so a checkpoint may record it as such.
+                self._published_step = trainer.step
+            else:
+                # Only a version staged from the trainer's present weights is what the trainer holds.
+                step = self._require_trainer().step
+                self._published_step = step if self._staged_step == (info.version, step) else -1
+        return info
+
+    def _serve(self, version: int) -> PolicyVersion:
+        if self._vllm is not None:
+            self._vllm.make_current(version)
+        return self._require_versions().make_current(version)
+
+    def servable_versions(self) -> list[int]:
+        """Version numbers that can be served or activated now (0 = the base model), oldest first."""
+        return self._require_versions().servable()
+
+    async def _publish_everywhere(
+        self, weights: LoraWeights, name: str | None, version: int | None, *, make_current: bool = True
+    ) -> PolicyVersion:
         versions = self._require_versions()
         if self._vllm is None:
-            return versions.publish(weights, name, version=version)
+            return versions.publish(weights, name, version=version, make_current=make_current)
         # vLLM numbers its versions itself (a requested number cannot be honoured there); the torch side mirrors
         # whatever number vLLM gave, so scoring and serving always agree on what "version N" is.
-        info = await self._vllm.publish(weights, name)
-        mirrored = versions.publish(weights, name, version=info.version)
+        info = await self._vllm.publish(weights, name, make_current=make_current)
+        mirrored = versions.publish(weights, name, version=info.version, make_current=make_current)
         if mirrored.version != info.version:
             raise BackendError(f"version numbers diverged: vLLM {info.version}, torch side {mirrored.version}")
         return info

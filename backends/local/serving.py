@@ -141,8 +141,17 @@ class PolicyVersions:
         with self._lock:
             return [BASE_VERSION, *self._published]
 
-    def publish(self, weights: LoraWeights, name: str | None = None, *, version: int | None = None) -> PolicyVersion:
-        """Make ``weights`` the current policy under the next version number and return its identity.
+    def publish(
+        self,
+        weights: LoraWeights,
+        name: str | None = None,
+        *,
+        version: int | None = None,
+        make_current: bool = True,
+    ) -> PolicyVersion:
+        """Make ``weights`` servable under the next version number and return its identity; with ``make_current``
+        (the default) it also becomes the current policy, else it is only *staged* (servable when pinned, e.g. by a
+        promotion gate's evaluation, until :meth:`make_current` promotes it).
 
         ``version`` asks for a specific number (resuming from a checkpoint); it is honoured when it is above every
         number used so far, else the next number is used, so numbers only grow and "newer" stays meaningful.
@@ -155,12 +164,27 @@ class PolicyVersions:
             info = PolicyVersion(number, name or f"v{number}", time.time())
             served = ServedVersion(info, prepared)
             self._published[number] = served
-            while len(self._published) > self._keep:
-                # Dropping our reference is enough: requests pinned to it keep it alive until they finish.
-                self._published.popitem(last=False)
             self._latest_number = number
-            self._current = served
+            if make_current:
+                self._current = served
+            self._evict()
         return info
+
+    def make_current(self, version: int) -> PolicyVersion:
+        """Serve an already servable version from now on (rollback, or promoting a staged version); requests
+        already running finish on the version they pinned."""
+        served = self.acquire(version)
+        with self._lock:
+            self._current = served
+        return served.info
+
+    def _evict(self) -> None:
+        """Keep at most ``keep`` published versions, oldest out first, but never the current one (after a rollback
+        or with staged versions the current one need not be the newest). Call with the lock held."""
+        while len(self._published) > self._keep:
+            oldest = next(n for n in self._published if self._published[n] is not self._current)
+            # Dropping our reference is enough: requests pinned to it keep it alive until they finish.
+            del self._published[oldest]
 
     def acquire(self, version: int | None = None) -> ServedVersion:
         """Pin a version for one request: the current one by default, else the given number."""

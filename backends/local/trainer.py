@@ -201,6 +201,10 @@ class LoraTrainer:
             raise
         return FwdBwdResult(loss=stats.loss_sum, metrics=stats.metrics(), logprobs=logprobs)
 
+    def discard_gradients(self) -> None:
+        """Drop the gradients accumulated since the last ``optim_step`` (the trainer loop's retry guard)."""
+        self._discard_gradients()
+
     def optim_step(self, adam: AdamParams) -> StepResult:
         """One AdamW step on the LoRA parameters with the accumulated gradients, then clear them."""
         _validate_adam(adam)
@@ -239,6 +243,35 @@ class LoraTrainer:
             )
             for path, layer in self._lora_layers.items()
         }
+
+    def set_lora_weights(self, weights: LoraWeights) -> None:
+        """Continue training from ``weights`` (a served version's deltas, as :meth:`lora_weights` returns them).
+
+        An empty mapping means the base model: every B is zeroed (A is kept; with B = 0 the adapter adds nothing).
+        The optimizer's moments belong to the trajectory being abandoned, so they are dropped (the next step starts
+        a fresh AdamW), and so are gradients accumulated meanwhile; the step counter keeps counting.
+        """
+        unknown = sorted(set(weights) - set(self._lora_layers))
+        if unknown:
+            raise ValueError(f"LoRA weights name layers this trainer does not adapt: {', '.join(unknown[:5])}")
+        with torch.no_grad():
+            for path, layer in self._lora_layers.items():
+                a, b = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
+                delta = weights.get(path)
+                if delta is None:
+                    if weights:
+                        raise ValueError(f"LoRA weights lack layer {path}; give every layer or none (the base)")
+                    b.zero_()
+                    continue
+                if delta.a.shape != a.shape or delta.b.shape != b.shape:
+                    raise ValueError(
+                        f"LoRA delta for {path} has shapes A{tuple(delta.a.shape)} B{tuple(delta.b.shape)}, "
+                        f"this trainer's are A{tuple(a.shape)} B{tuple(b.shape)}"
+                    )
+                a.copy_(delta.a.to(device=a.device, dtype=a.dtype))
+                b.copy_(delta.b.to(device=b.device, dtype=b.dtype))
+        self._discard_gradients()
+        self._optimizer = None
 
     def save(self, directory: Path) -> None:
         """Write the adapter in PEFT format (loadable by PEFT and vLLM) plus the optimizer, step and RNG state.

@@ -194,12 +194,22 @@ class VLLMSampler:
     def servable(self) -> list[int]:
         return [BASE_VERSION, *self._published]
 
-    async def publish(self, weights: LoraWeights, name: str | None = None) -> PolicyVersion:
-        """Write ``weights`` as a PEFT adapter, load it into vLLM, then make it current (atomic for callers)."""
+    async def publish(
+        self, weights: LoraWeights, name: str | None = None, *, make_current: bool = True
+    ) -> PolicyVersion:
+        """Write ``weights`` as a PEFT adapter, load it into vLLM, then make it current (atomic for callers);
+        ``make_current=False`` only stages it (servable when pinned) until :meth:`make_current`."""
         async with self._publish_lock:
-            return await self._publish(weights, name)
+            return await self._publish(weights, name, make_current)
 
-    async def _publish(self, weights: LoraWeights, name: str | None) -> PolicyVersion:
+    def make_current(self, version: int) -> PolicyVersion:
+        """Serve an already servable version from now on (rollback, or promoting a staged version)."""
+        served = self._acquire(version)
+        served.in_flight -= 1  # _acquire pins for a request; here only the lookup is wanted
+        self._current = served
+        return served.info
+
+    async def _publish(self, weights: LoraWeights, name: str | None, make_current: bool = True) -> PolicyVersion:
         from vllm.lora.request import LoRARequest
 
         engine = self._require_engine()
@@ -216,10 +226,12 @@ class VLLMSampler:
         served = _Served(info, lora, path)
         self._published[number] = served
         self._latest = number
-        self._current = served
+        if make_current:
+            self._current = served
         while len(self._published) > self._keep:
-            _, old = self._published.popitem(last=False)
-            self._retired.append(old)
+            # Oldest out first, but never the current version (after a rollback it need not be the newest).
+            oldest = next(n for n, s in self._published.items() if s is not self._current)
+            self._retired.append(self._published.pop(oldest))
         await self._free_retired()
         return info
 

@@ -54,11 +54,12 @@ from openclaw_cli.proxy.sse import SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece, ToolCallPiece
-from openclaw_cli.proxy.validation import get_field, get_number, read_json_body, string_list
+from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, ToolCall
 
 log = logging.getLogger("openclaw.proxy.anthropic")
 router = APIRouter()
+INT32_MAX = 2**31 - 1  # samplers take top_k as int32
 
 
 @dataclass
@@ -74,8 +75,10 @@ class MessagesRequest:
     started_at: float = field(default_factory=time.time)
 
 
-def _conversation(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, Any]] | None, bool]:
+def _conversation(body: dict[str, Any], state: ProxyState) -> tuple[list[Message], list[dict[str, Any]] | None, bool]:
     get_field(body, "messages", list, required=True)
+    limits = state.settings.proxy
+    check_counts(body, max_messages=limits.max_messages, max_tools=limits.max_tools)
     messages = to_openai_messages(body.get("system"), body["messages"])
     tools, offered = apply_tool_choice(to_openai_tools(body.get("tools")), body.get("tool_choice"))
     return messages, tools, offered
@@ -86,11 +89,11 @@ def parse_messages_request(body: dict[str, Any], state: ProxyState) -> MessagesR
     max_tokens = get_number(body, "max_tokens", low=1, integer=True)
     if max_tokens is None:
         raise ProxyError(400, "missing required parameter 'max_tokens'", param="max_tokens")
-    messages, tools, offered = _conversation(body)
+    messages, tools, offered = _conversation(body, state)
     metadata = get_field(body, "metadata", dict) or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise ProxyError(400, "metadata.user_id must be a string", param="metadata")
-    top_k = get_number(body, "top_k", low=0, integer=True)
+    top_k = get_number(body, "top_k", low=0, high=INT32_MAX, integer=True)
     sampling = SamplingRequest(
         max_tokens=int(max_tokens),
         temperature=get_number(body, "temperature", low=0, high=1),
@@ -180,7 +183,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     state.catalog.resolve(get_field(body, "model", str, required=True))
-    messages, tools, _ = _conversation(body)
+    messages, tools, _ = _conversation(body, state)
     prompt = await render_prompt(state.backend, messages, tools)
     return {"input_tokens": len(prompt)}
 
@@ -209,7 +212,10 @@ async def create_message(request: Request) -> Response:
     lease = state.lease()
     try:
         (result,) = await unless_disconnected(
-            request, sample_choices(state.backend, prepared, 1, retry_after_s=state.settings.proxy.retry_after_s)
+            request,
+            sample_choices(
+                state.backend, prepared, 1, retry_after_s=state.settings.proxy.retry_after_s, health=state.health
+            ),
         )
     except ClientGone:
         return Response(status_code=499)

@@ -45,7 +45,8 @@ def system_text(system: Any) -> str:
 
 
 def _image_part(block: dict[str, Any]) -> dict[str, Any]:
-    source = block.get("source") or {}
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
     if source.get("type") == "base64":
         url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
     else:

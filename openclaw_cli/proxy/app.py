@@ -19,9 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.capture import CaptureSink
 from openclaw_cli.proxy import anthropic_api, openai_api
-from openclaw_cli.proxy.auth import ApiKeyMiddleware
+from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
+from openclaw_cli.proxy.control import add_control_routes, read_section, version_status
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response, from_backend_error, from_unexpected
+from openclaw_cli.proxy.limits import InFlightLimitMiddleware
 from openclaw_cli.proxy.models import ModelCatalog
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.settings import Settings
@@ -58,20 +60,34 @@ class _UnexpectedErrorMiddleware:
 
 
 def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -> FastAPI:
-    """The ASGI app serving ``backend`` (already started) and handing each completed reply to ``sink``."""
+    """The ASGI app serving ``backend`` (already started) and handing each completed reply to ``sink``.
+
+    Raises :class:`~openclaw_cli.proxy.auth.ProxyConfigError` when ``settings.host`` is not loopback and no API key
+    is set: an app meant for such a bind must carry a key whoever runs it.
+    """
+    check_bind(settings)
     app = FastAPI(title="openclaw proxy", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = ProxyState(
         backend=backend,
         sink=sink,
         settings=settings,
         catalog=ModelCatalog.from_settings(settings),
-        recorder=CaptureRecorder(sink, timeout_s=settings.proxy.capture_timeout_s),
+        recorder=CaptureRecorder(
+            sink, timeout_s=settings.proxy.capture_timeout_s, max_backlog=settings.proxy.capture_max_backlog
+        ),
     )
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
     _add_control_routes(app)
+    add_control_routes(app)  # versions + rollback
     _add_error_handlers(app)
     api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    # Added first = innermost: only requests that passed the key check take an in-flight slot.
+    app.add_middleware(
+        InFlightLimitMiddleware,
+        max_in_flight=settings.proxy.max_in_flight,
+        retry_after_s=settings.proxy.retry_after_s,
+    )
     app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(_UnexpectedErrorMiddleware)
     return app
@@ -123,14 +139,20 @@ def _add_control_routes(app: FastAPI) -> None:
             "requests_total": state.requests_total,
             "captured": state.recorder.recorded,
             "capture_failures": state.recorder.failed,
+            "opted_out": state.recorder.opted_out,
             "uptime_s": round(time.time() - state.started_at, 3),
+            "capture": state.recorder.stats(),
+            "backend_health": state.health.to_json(),
         }
+        versions = version_status(request.app)
+        if versions is not None:
+            body["versions"] = versions
+        # Store reads run off the event loop, time-limited: a busy store must not stall the replies being served.
         stats = getattr(state.sink, "stats", None)
         if stats is not None:
-            try:
-                body["sink"] = stats()
-            except Exception as exc:  # status must answer even when the store is unhappy
-                body["sink"] = {"error": f"{type(exc).__name__}: {exc}"}
+            body["sink"] = await read_section(state, "sink", stats)
+        for name, read in list(state.status_sections.items()):
+            body[name] = await read_section(state, name, read)
         return body
 
     @app.post("/v1/openclaw/sessions/{session_id}/end")

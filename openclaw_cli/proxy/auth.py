@@ -1,4 +1,12 @@
-"""API-key check for every endpoint but the liveness probes (``/healthz`` and the root).
+"""API-key check for every endpoint but the liveness probes (``/healthz`` and the root), and the bind rule.
+
+The liveness probes stay open on purpose (load balancers and Claude Code's start-up ``HEAD /`` send no key); they
+answer a fixed ``{"status": "ok"}`` and reveal nothing else: no model, version, counts or settings. Everything else
+(both chat APIs, count_tokens, model listing, status, session control, unknown paths) needs the key once one is set.
+
+**Bind rule** (:func:`check_bind`): listening anywhere but loopback without a key is refused, by ``openclaw serve``,
+``openclaw launch``, :func:`openclaw_cli.runtime.launch`, :func:`openclaw_cli.proxy.run_server` and
+:func:`openclaw_cli.proxy.create_app` alike.
 
 Clients send the key the way their SDK does: OpenAI's and Claude Code's ``ANTHROPIC_AUTH_TOKEN`` as
 ``Authorization: Bearer <key>``, Anthropic's SDK as ``x-api-key: <key>``; either is accepted. Keys are compared with
@@ -10,13 +18,42 @@ Written as plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so streame
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response
 
+if TYPE_CHECKING:
+    from openclaw_cli.settings import Settings
+
 OPEN_PATHS = frozenset({"/", "/healthz"})  # liveness probes only: they reveal nothing and run nothing
+
+
+class ProxyConfigError(ValueError):
+    """The proxy cannot start with these settings (the message says what to change)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost may resolve anywhere
+
+
+def check_bind(settings: Settings) -> None:
+    """Refuse to expose the proxy beyond this machine without an API key."""
+    has_key = settings.api_key is not None and bool(settings.api_key.get_secret_value().strip())
+    if not is_loopback(settings.host) and not has_key:
+        raise ProxyConfigError(
+            f"refusing to listen on {settings.host}: any bind other than 127.0.0.1 / localhost / ::1 needs an API "
+            "key (set api_key in openclaw.toml or OPENCLAW_API_KEY); clients then send it as a Bearer token or "
+            "x-api-key"
+        )
 
 
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -47,12 +84,18 @@ class ApiKeyMiddleware:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.api_key is None or scope["path"] in self.open_paths:
+        if scope["type"] not in ("http", "websocket") or self.api_key is None:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "http" and scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         presented = presented_key(scope.get("headers", []))
         if key_matches(presented, self.api_key):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # no websocket route exists; refuse before any router sees one
+            await send({"type": "websocket.close", "code": 1008})
             return
         message = (
             "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"

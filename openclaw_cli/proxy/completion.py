@@ -12,12 +12,15 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import Backend, BackendError, ChatTokenizer
-from openclaw_cli.proxy.errors import ProxyError, from_backend_error
+from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, ProxyError, from_backend_exception
 from openclaw_cli.tokenizer import THINK_OPEN, ChatTemplateError
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, SamplingParams, StreamEvent, ToolCall
+
+if TYPE_CHECKING:
+    from openclaw_cli.proxy.state import BackendHealth
 
 
 @dataclass
@@ -115,14 +118,25 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 
 async def sample_choices(
-    backend: Backend, prepared: PreparedPrompt, n: int, *, retry_after_s: int
+    backend: Backend,
+    prepared: PreparedPrompt,
+    n: int,
+    *,
+    retry_after_s: int,
+    health: BackendHealth | None = None,
 ) -> list[SampleResult]:
-    """``n`` complete replies, sampled concurrently; a backend failure becomes the matching ProxyError."""
+    """``n`` complete replies, sampled concurrently; a backend failure becomes the matching ProxyError (a backend
+    that cannot be reached: 503/529, see :func:`~openclaw_cli.proxy.errors.from_backend_exception`)."""
     calls = [backend.sample(prepared.prompt_tokens, choice_params(prepared.params, i)) for i in range(n)]
     try:
-        return list(await asyncio.gather(*calls))
-    except BackendError as exc:
-        raise from_backend_error(exc, retry_after_s=retry_after_s) from None
+        results = list(await asyncio.gather(*calls))
+    except (BackendError, *UNAVAILABLE_ERRORS) as exc:
+        if health is not None:
+            health.failed(exc)
+        raise from_backend_exception(exc, retry_after_s=retry_after_s) from None
+    if health is not None:
+        health.succeeded()
+    return results
 
 
 def open_streams(backend: Backend, prepared: PreparedPrompt, n: int) -> list[AsyncIterator[StreamEvent]]:

@@ -15,7 +15,15 @@ from openclaw_cli.backend import BackendError
 from openclaw_cli.capture import ApiKind
 
 ErrorKind = Literal[
-    "invalid_request", "authentication", "not_found", "too_large", "overloaded", "backend", "internal", "unsupported"
+    "invalid_request",
+    "authentication",
+    "not_found",
+    "too_large",
+    "overloaded",
+    "busy",
+    "backend",
+    "internal",
+    "unsupported",
 ]
 
 # kind -> (OpenAI type, OpenAI default code, Anthropic type)
@@ -25,6 +33,9 @@ _FORMATS: dict[str, tuple[str, str | None, str]] = {
     "not_found": ("invalid_request_error", "not_found", "not_found_error"),
     "too_large": ("invalid_request_error", "request_too_large", "request_too_large"),
     "overloaded": ("server_error", "overloaded", "overloaded_error"),
+    # The proxy's own concurrency cap (proxy.max_in_flight): a rate limit to OpenAI clients, an overload to
+    # Anthropic's; both retry after Retry-After.
+    "busy": ("rate_limit_error", "rate_limit_exceeded", "overloaded_error"),
     "backend": ("server_error", "backend_error", "api_error"),
     "internal": ("server_error", None, "api_error"),
     "unsupported": ("invalid_request_error", "unsupported", "invalid_request_error"),
@@ -56,18 +67,28 @@ class ProxyError(Exception):
 
     def status_for(self, api: ApiKind) -> int:
         # Anthropic clients (Claude Code among them) back off and retry on 529, OpenAI clients on 503.
-        if self.kind == "overloaded" and api == "anthropic":
+        if self.kind in ("overloaded", "busy") and api == "anthropic":
             return ANTHROPIC_OVERLOADED_STATUS
         return self.status
 
 
 def error_body(err: ProxyError, api: ApiKind) -> dict[str, Any]:
     openai_type, default_code, anthropic_type = _FORMATS[err.kind]
+    message = _encodable(err.message)
     if api == "anthropic":
-        return {"type": "error", "error": {"type": anthropic_type, "message": err.message}}
-    return {
-        "error": {"message": err.message, "type": openai_type, "param": err.param, "code": err.code or default_code}
-    }
+        return {"type": "error", "error": {"type": anthropic_type, "message": message}}
+    param = None if err.param is None else _encodable(err.param)
+    return {"error": {"message": message, "type": openai_type, "param": param, "code": err.code or default_code}}
+
+
+def _encodable(text: str) -> str:
+    """``text`` made UTF-8 encodable: a message may quote client input holding a lone surrogate (valid JSON
+    ``"\\ud800"``, invalid UTF-8), and the error must still render rather than turn into a 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def error_response(err: ProxyError, api: ApiKind) -> JSONResponse:
@@ -93,6 +114,28 @@ def from_backend_error(exc: BackendError, *, retry_after_s: int) -> ProxyError:
     if exc.status_code is not None and 400 <= exc.status_code < 500:
         return ProxyError(exc.status_code, message, kind="invalid_request")
     return ProxyError(502, f"backend failed: {message}", kind="backend")
+
+
+# Exceptions (other than BackendError) that mean the backend cannot be reached right now rather than a bug: a remote
+# sampler's connection refused or reset, a timeout. Reported like a retryable BackendError, so clients back off and
+# retry (503 / Anthropic 529 with Retry-After) and serving resumes by itself once the backend answers again.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
+
+
+def from_backend_exception(exc: BaseException, *, retry_after_s: int) -> ProxyError:
+    """Any exception raised by the backend while sampling, mapped: BackendError as :func:`from_backend_error`;
+    connection failures and timeouts -> 503/529 "unavailable" with Retry-After; anything else -> 500 (a bug)."""
+    if isinstance(exc, BackendError):
+        return from_backend_error(exc, retry_after_s=retry_after_s)
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        detail = str(exc) or type(exc).__name__
+        return ProxyError(
+            503,
+            f"the policy backend is unavailable ({type(exc).__name__}: {detail}); retry shortly",
+            kind="overloaded",
+            retry_after_s=retry_after_s,
+        )
+    return from_unexpected(exc)
 
 
 def from_unexpected(exc: BaseException) -> ProxyError:

@@ -46,7 +46,7 @@ from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, SSE_HEADERS, S
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece
-from openclaw_cli.proxy.validation import get_field, get_number, read_json_body, string_list
+from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk
 
 log = logging.getLogger("openclaw.proxy.openai")
@@ -55,6 +55,7 @@ router = APIRouter()
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1  # samplers take top_k as int32 and a seed as int64
 
 
 @dataclass
@@ -88,7 +89,7 @@ def parse_messages(body: dict[str, Any]) -> list[Message]:
         if not isinstance(msg, dict):
             raise ProxyError(400, f"{where} must be an object", param=where)
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # (a list or object is not hashable: check the type first)
             raise ProxyError(400, f"{where}.role must be one of {', '.join(sorted(ROLES))}; got {role!r}", param=where)
         content = msg.get("content")
         if content is not None and not isinstance(content, str | list):
@@ -133,6 +134,8 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool
 
 
 def parse_chat_request(body: dict[str, Any], state: ProxyState) -> ChatRequest:
+    limits = state.settings.proxy
+    check_counts(body, max_messages=limits.max_messages, max_tools=limits.max_tools)
     model = state.catalog.resolve(get_field(body, "model", str, required=True))
     messages = parse_messages(body)
     tools, tools_offered = parse_tools(body)
@@ -144,9 +147,9 @@ def parse_chat_request(body: dict[str, Any], state: ProxyState) -> ChatRequest:
         max_tokens=max_tokens,
         temperature=get_number(body, "temperature", low=0, high=2),
         top_p=get_number(body, "top_p", low=0, high=1),
-        top_k=get_number(body, "top_k", integer=True),
+        top_k=get_number(body, "top_k", low=-INT32_MAX, high=INT32_MAX, integer=True),
         stop=tuple(string_list(body, "stop", max_items=4)),
-        seed=get_number(body, "seed", integer=True),
+        seed=get_number(body, "seed", low=-INT64_MAX - 1, high=INT64_MAX - MAX_N, integer=True),
     )
     stream_options = get_field(body, "stream_options", dict) or {}
     logprobs = bool(get_field(body, "logprobs", bool))
@@ -256,7 +259,9 @@ async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepa
     try:
         results = await unless_disconnected(
             request,
-            sample_choices(state.backend, prepared, req.n, retry_after_s=state.settings.proxy.retry_after_s),
+            sample_choices(
+                state.backend, prepared, req.n, retry_after_s=state.settings.proxy.retry_after_s, health=state.health
+            ),
         )
     except ClientGone:
         return Response(status_code=499)

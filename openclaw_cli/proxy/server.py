@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 import threading
@@ -16,33 +15,13 @@ import uvicorn
 
 from openclaw_cli.backend import create_backend
 from openclaw_cli.proxy.app import create_app
+from openclaw_cli.proxy.auth import ProxyConfigError, check_bind, is_loopback
+from openclaw_cli.retention import retention_loop
 from openclaw_cli.settings import Settings
 
+__all__ = ["BackgroundServer", "ProxyConfigError", "check_bind", "is_loopback", "run_server", "serve"]
+
 log = logging.getLogger("openclaw.proxy")
-
-
-class ProxyConfigError(ValueError):
-    """The proxy cannot start with these settings (the message says what to change)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a hostname other than localhost may resolve anywhere
-
-
-def check_bind(settings: Settings) -> None:
-    """Refuse to expose the proxy beyond this machine without an API key."""
-    has_key = settings.api_key is not None and bool(settings.api_key.get_secret_value())
-    if not is_loopback(settings.host) and not has_key:
-        raise ProxyConfigError(
-            f"refusing to listen on {settings.host}: any bind other than 127.0.0.1 / localhost / ::1 needs an API "
-            "key (set api_key in openclaw.toml or OPENCLAW_API_KEY); clients then send it as a Bearer token or "
-            "x-api-key"
-        )
 
 
 async def _expire_idle_loop(sink: Any, every_s: float) -> None:
@@ -70,17 +49,29 @@ async def serve(settings: Settings) -> None:
     await backend.start()
     store = Store(settings.store.path)
     expirer: asyncio.Task[None] | None = None
+    retention: asyncio.Task[None] | None = None
+    stop_retention = asyncio.Event()
     try:
         sink = SessionCapture(store, settings)
         app = create_app(backend, sink, settings)
         expirer = asyncio.create_task(_expire_idle_loop(sink, settings.proxy.expire_every_s))
+        # store.retention_days: purge at start, then hourly (returns at once when retention is off)
+        retention = asyncio.create_task(retention_loop(store, settings, stop_retention))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
         await uvicorn.Server(config).serve()
+        # Replies already served whose capture the store has not written yet (a slow store): let them land.
+        left = await app.state.proxy.recorder.drain(30.0)
+        if left:
+            log.error("%d replies were served but their capture did not finish before shutdown", left)
     finally:
         if expirer is not None:
             expirer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await expirer
+        if retention is not None:
+            stop_retention.set()  # a purge in progress finishes its current batch first
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(retention, timeout=30)
         try:
             await backend.close()
         finally:

@@ -13,7 +13,7 @@ from typing import Any
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy.completion import PreparedPrompt, open_streams
-from openclaw_cli.proxy.errors import from_backend_error
+from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, from_backend_exception
 from openclaw_cli.proxy.pump import merged_events
 from openclaw_cli.proxy.state import InFlightLease, ProxyState
 
@@ -41,8 +41,11 @@ async def open_stream(state: ProxyState, prepared: PreparedPrompt, n: int = 1) -
     except BaseException as exc:
         lease.release()
         await events.aclose()
-        if isinstance(exc, BackendError):
-            raise from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
+        if isinstance(exc, (BackendError, *UNAVAILABLE_ERRORS)):
+            state.health.failed(exc)
+            raise from_backend_exception(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
         raise
+    if first is not None:
+        state.health.succeeded()
     version = first[1].version if first is not None else state.backend.current_version().version
     return OpenStream(events, first, lease, version)

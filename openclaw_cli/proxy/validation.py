@@ -7,6 +7,8 @@ pin); known fields with the wrong type are rejected.
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -40,11 +42,48 @@ async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
         raise ProxyError(400, "request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProxyError(400, f"request body is not valid JSON: {exc}") from None
+    # ValueError covers bad JSON, bad UTF-8 and integers past Python's digit limit; RecursionError, arrays nested
+    # thousands deep. Both are the client's input, never the proxy's fault.
+    except (ValueError, RecursionError) as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {_short(exc)}") from None
     if not isinstance(body, dict):
         raise ProxyError(400, f"request body must be a JSON object, got {_json_type(body)}")
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        raise ProxyError(400, "request body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not text")
     return body
+
+
+# A \uD800-\uDFFF escape; only when one occurs is the (slower) full check for an unpaired one needed.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_counts(body: dict[str, Any], *, max_messages: int, max_tools: int) -> None:
+    """400 when a request carries more messages or tools than the proxy accepts (proxy.max_messages/max_tools)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > max_messages:
+        raise ProxyError(
+            400,
+            f"'messages' holds {len(messages)} messages; at most {max_messages} are accepted (proxy.max_messages)",
+            param="messages",
+        )
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > max_tools:
+        raise ProxyError(
+            400, f"'tools' holds {len(tools)} tools; at most {max_tools} are accepted (proxy.max_tools)", param="tools"
+        )
 
 
 def _too_large(max_bytes: int) -> ProxyError:
@@ -89,6 +128,8 @@ def get_number(
     value = get_field(body, name, int if integer else float)
     if value is None:
         return None
+    if isinstance(value, float) and not math.isfinite(value):  # NaN / Infinity / 1e999 parse, but mean nothing
+        raise ProxyError(400, f"'{name}' must be a finite number, got {value}", param=name)
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = (
             f"between {low} and {high}"

@@ -7,7 +7,8 @@ streaming, mid-stream failures and stop sequences reproducible in tests and benc
 
 What is fake: log-probabilities are made-up deterministic numbers (``-0.01 * (1 + i % 10)``), sampling knobs other
 than ``max_tokens`` and ``stop`` are ignored, and training calls raise :class:`~openclaw_cli.backend.NotYetAvailable`.
-``publish`` only bumps the version number. Never register it as a real backend.
+``publish`` / ``stage`` only hand out version numbers (``activate`` switches between them, so rollback and promotion
+can be tested; a pinned known version is reported as the one that answered). Never register it as a real backend.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class FakeBackend:
         self.default_reply = default_reply
         self.token_delay_s = token_delay_s
         self._version = PolicyVersion(version, "fake-base" if version == 0 else f"fake-v{version}")
+        self._servable: dict[int, PolicyVersion] = {0: PolicyVersion(0, "fake-base"), version: self._version}
+        self._latest = version
+        self.activations: list[tuple[int, bool]] = []  # (version, train_from) of every activate() call
         self.calls: list[FakeCall] = []
         self.started = False
         self.closed = False
@@ -113,13 +117,33 @@ class FakeBackend:
         return self._version
 
     async def publish(self, name: str | None = None) -> PolicyVersion:
-        nxt = self._version.version + 1
-        self._version = PolicyVersion(nxt, name or f"fake-v{nxt}")
+        self._version = await self.stage(name)
         return self._version
+
+    # -- optional capability: version control (rollback, promotion gate) ---------------------------------------
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        """A new version number, servable when pinned, not current (see SupportsVersionControl)."""
+        self._latest += 1
+        staged = PolicyVersion(self._latest, name or f"fake-v{self._latest}")
+        self._servable[staged.version] = staged
+        return staged
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        if version not in self._servable:
+            known = ", ".join(str(v) for v in self.servable_versions())
+            raise BackendError(f"policy version {version} is not servable; servable versions: {known}", status_code=404)
+        self.activations.append((version, train_from))
+        self._version = self._servable[version]
+        return self._version
+
+    def servable_versions(self) -> list[int]:
+        return sorted(self._servable)
 
     # -- protocol: serving -------------------------------------------------------------------------------------
 
-    def _next_reply(self) -> ScriptedReply:
+    def _next_reply(self, version: int) -> ScriptedReply:
+        """The reply to the next request, which ``version`` answers (subclasses may make replies depend on it)."""
         return self._replies.popleft() if self._replies else ScriptedReply(self.default_reply)
 
     def _plan(self, reply: ScriptedReply, params: SamplingParams) -> _Plan:
@@ -153,13 +177,16 @@ class FakeBackend:
                 texts[-1] += final_text[len(emitted) :]  # release whatever was still held back
         return _Plan(tokens, texts, finish, stop_seq, final_text)
 
-    async def _events(self, prompt_tokens: list[int], params: SamplingParams) -> AsyncIterator[StreamEvent]:
-        reply = self._next_reply()
+    async def _events(
+        self, prompt_tokens: list[int], params: SamplingParams, pinned: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        # A pinned version the double knows is reported as the one that answered; any other pin is ignored.
+        version = pinned if pinned in self._servable else self._version.version
+        reply = self._next_reply(version)
         call = FakeCall(list(prompt_tokens), params, time.time())
         self.calls.append(call)
         if reply.error is not None:
             raise reply.error
-        version = self._version.version
         plan = self._plan(reply, params)
         delay = self.token_delay_s if reply.token_delay_s is None else reply.token_delay_s
         first_at = 0.0
@@ -196,13 +223,13 @@ class FakeBackend:
     def stream(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
     ) -> AsyncIterator[StreamEvent]:
-        return self._events(prompt_tokens, params)
+        return self._events(prompt_tokens, params, version)
 
     async def sample(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
     ) -> SampleResult:
         result: SampleResult | None = None
-        async for event in self._events(prompt_tokens, params):
+        async for event in self._events(prompt_tokens, params, version):
             if isinstance(event, SampleResult):
                 result = event
         assert result is not None
@@ -217,6 +244,9 @@ class FakeBackend:
         self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
     ) -> FwdBwdResult:
         raise NotYetAvailable("FakeBackend is a serving test double; it does not train")
+
+    async def discard_gradients(self) -> None:
+        return None  # it never accumulates any
 
     async def optim_step(self, adam: AdamParams) -> StepResult:
         raise NotYetAvailable("FakeBackend is a serving test double; it does not train")

@@ -1,0 +1,1 @@
+"""Data files shipped with openclaw-cli (read with importlib.resources)."""

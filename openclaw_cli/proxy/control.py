@@ -1,0 +1,130 @@
+"""Operator routes beside the chat APIs: which policy versions can serve, rolling back to one, and the blocking parts
+of ``/v1/openclaw/status``.
+
+``GET /v1/openclaw/versions`` -> ``{"current": N, "current_name": ..., "servable": [0, ...]}``.
+
+``POST /v1/openclaw/rollback`` with ``{"version": N}`` switches serving to version N at once (requests already
+running finish on the version they started with) and, where the backend can, makes the trainer continue from that
+version's weights with a fresh optimizer, so the next training step builds on what is served rather than
+republishing the abandoned weights. Answers: 200 with the new and previous version; 400 for a body without an
+integer ``version``; 404 naming the servable versions when N is unknown or no longer kept (the base 0 and the last
+``local.keep_versions`` published); 501 when the backend cannot switch versions. Same API key as every other route.
+
+Status sections (the store's counts, the runtime's loop backlog) read SQLite, which can wait on a busy writer: they
+run in a worker thread with a time limit, one read per section at a time, so a slow store makes ``status`` answer
+with an error for that section instead of blocking the event loop that serves replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from openclaw_cli.backend import BackendError, supports_version_control
+from openclaw_cli.proxy.errors import ProxyError, from_backend_error
+from openclaw_cli.proxy.state import ProxyState, proxy_state
+from openclaw_cli.proxy.validation import read_json_body
+
+log = logging.getLogger("openclaw.proxy.control")
+
+VERSIONS_PATH = "/v1/openclaw/versions"
+ROLLBACK_PATH = "/v1/openclaw/rollback"
+SECTION_TIMEOUT_S = 2.0
+MAX_CONTROL_BODY_BYTES = 4096
+KEEP_ROLLBACKS = 20
+TRAINER_NOTE = "the trainer continues from this version's weights (optimizer state reset)"
+
+
+def _require_version_control(state: ProxyState) -> Any:
+    backend = state.backend
+    if not supports_version_control(backend):
+        raise ProxyError(
+            501,
+            f"backend {backend.name!r} cannot switch the served policy version (it has no stage/activate/"
+            "servable_versions); rollback and the promotion gate need a backend that can, e.g. local",
+            kind="unsupported",
+        )
+    return backend
+
+
+def _version_from(body: dict[str, Any]) -> int:
+    version = body.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ProxyError(400, "'version' must be a policy version number (an integer >= 0)", param="version")
+    return version
+
+
+def add_control_routes(app: FastAPI) -> None:
+    app.state.rollbacks = []  # the latest rollbacks, newest last (for status)
+    lock = asyncio.Lock()  # one switch at a time: two rollbacks racing would leave either version serving
+
+    @app.get(VERSIONS_PATH)
+    async def versions(request: Request) -> dict[str, Any]:
+        backend = _require_version_control(proxy_state(request))
+        current = backend.current_version()
+        return {"current": current.version, "current_name": current.name, "servable": backend.servable_versions()}
+
+    @app.post(ROLLBACK_PATH)
+    async def rollback(request: Request) -> JSONResponse:
+        state = proxy_state(request)
+        backend = _require_version_control(state)
+        version = _version_from(await read_json_body(request, MAX_CONTROL_BODY_BYTES))
+        async with lock:
+            servable = backend.servable_versions()
+            previous = backend.current_version()
+            if version not in servable:
+                known = ", ".join(str(v) for v in servable)
+                raise ProxyError(
+                    404,
+                    f"policy version {version} is not available to roll back to; servable versions: {known} "
+                    "(the base model 0 and the last local.keep_versions published versions)",
+                    kind="not_found",
+                    param="version",
+                )
+            try:
+                info = await backend.activate(version, train_from=True)
+            except BackendError as exc:
+                raise from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
+        event = {
+            "at": time.time(),
+            "policy_version": info.version,
+            "policy_name": info.name,
+            "previous_version": previous.version,
+        }
+        app.state.rollbacks[:] = [*app.state.rollbacks[-(KEEP_ROLLBACKS - 1) :], event]
+        log.warning("rolled back: serving version %d (was %d); %s", info.version, previous.version, TRAINER_NOTE)
+        return JSONResponse({**event, "servable_versions": backend.servable_versions(), "trainer": TRAINER_NOTE})
+
+
+def version_status(app: FastAPI) -> dict[str, Any] | None:
+    """Servable versions and recent rollbacks for status; None when the backend cannot switch versions."""
+    backend = app.state.proxy.backend
+    if not supports_version_control(backend):
+        return None
+    try:
+        servable = backend.servable_versions()
+    except Exception as exc:  # status must answer even when the backend is unhappy
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"servable": servable, "rollbacks": list(getattr(app.state, "rollbacks", []))}
+
+
+async def read_section(state: ProxyState, name: str, read: Callable[[], Any]) -> Any:
+    """Run one blocking status read in a worker thread (at most one per section at a time), bounded in time."""
+    pending: asyncio.Future[Any] | None = state.status_reads.get(name)
+    if pending is None or pending.done():
+        pending = asyncio.ensure_future(asyncio.to_thread(read))
+        state.status_reads[name] = pending
+    try:
+        # shield: a timed-out read keeps its thread until it returns; the next status call waits on the same one.
+        return await asyncio.wait_for(asyncio.shield(pending), timeout=SECTION_TIMEOUT_S)
+    except TimeoutError:
+        return {"error": f"no answer within {SECTION_TIMEOUT_S:.0f}s (is the store busy?)"}
+    except Exception as exc:  # status must answer even when the store is unhappy
+        return {"error": f"{type(exc).__name__}: {exc}"}
