@@ -61,7 +61,11 @@ _ONLINE_TIMEOUT_S = 15.0
 
 def _tinker_service_client(*, base_url: str | None, api_key: str | None) -> Any:
     import tinker
+    from tinker.auth import tinker_has_credentials
 
+    # The SDK only notices a missing credential on its first request, after the tokenizer download; say it now.
+    if api_key is None and not tinker_has_credentials():
+        raise BackendError(f"no Tinker credentials: set {KEY_ENV} (a tml-... key) or tinker.api_key", status_code=401)
     return tinker.ServiceClient(base_url=base_url, api_key=api_key)
 
 

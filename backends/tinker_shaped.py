@@ -9,7 +9,25 @@ namespace, its error classes, how a snapshot becomes servable); see ``backends/t
 **Serving.** Version 0 is the base model's sampling client. ``publish`` snapshots the trained weights into a new
 sampling client and then swaps the "current" pointer in one step on the event loop: nothing waits for the
 snapshot, the old client serves until the new one is ready, and a request keeps the client it started with until
-it finishes. The last ``keep_versions`` published versions stay servable by number (``sample(..., version=N)``).
+it finishes. The last ``keep_versions`` published versions stay servable by number (``sample(..., version=N)``);
+the version serving now is never dropped, even when it is older than those (after a rollback).
+
+**Version control** (:class:`~openclaw_cli.backend.SupportsVersionControl`, for ``openclaw rollback`` and the
+promotion gate). ``stage`` snapshots like ``publish`` but leaves the current version serving; ``activate(N)``
+makes a servable version current at once (requests already running keep theirs). ``activate(N, train_from=True)``
+also moves the *trainer* to version N: the service's training run cannot be rewound, so every ``publish`` /
+``stage`` also saves the training state (``save_state``: weights + Adam moments) under ``openclaw-v<N>-train``,
+and a rollback loads that state into the training run (``load_state_with_optimizer``; an SDK without it gets a new
+run from the state, ``create_training_client_from_state_with_optimizer``; Fireworks allows one run per service
+client, so in place is the only way there), so training continues from N's weights with the optimizer moments N
+had. Version 0's state (the fresh adapter, i.e. the base model) is saved once, when the core opens a fresh training
+run. A version whose training state was not saved (the save failed, the run was resumed from a checkpoint before
+it, or ``save_version_states=False``) is refused with a 409 before anything switches: never a silent "rollback"
+that keeps training the abandoned weights.
+*Cost*: one extra ``save_state`` per published version, submitted together with the sampler snapshot (no extra
+round trip to wait for; the next training request queues behind it on the service) and kept on the service like
+any checkpoint; only the newest ``keep_versions`` are remembered here. Saving lazily (only once a rollback is
+asked for) is not possible: by then the trainer has moved past the version's weights.
 
 **Streaming.** These services sample a whole completion per call (no token streaming), so :meth:`stream` yields
 the completion's tokens only after sampling ends, all at once, the text on the last chunk.
@@ -118,6 +136,7 @@ class TinkerShapedBackend:
         keep_versions: int = 3,
         sample_timeout_s: float = 300.0,
         redact: Sequence[str] = (),
+        save_version_states: bool = True,
     ) -> None:
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -134,7 +153,11 @@ class TinkerShapedBackend:
         self._current: ServedVersion | None = None
         self._latest_number = BASE_VERSION
         self._step = 0  # optimizer steps taken by this training run
-        self._published_step = 0  # the step whose weights the current version serves
+        # The version whose weights the training client holds exactly now (None once it trained past them).
+        self._trainer_version: int | None = BASE_VERSION
+        # Service paths of the training state saved with each kept published version (for train_from).
+        self.save_version_states = save_version_states
+        self._train_states: dict[int, str] = {}
         # A forward_backward was submitted since the last optim_step went through: the service may hold gradients.
         self._gradients_pending = False
         self._discards = 0
@@ -182,6 +205,12 @@ class TinkerShapedBackend:
                 return
             model = self.base_model
             sdk = self.make_sdk()
+            # Credentials first: a missing or wrong key is the likelier mistake and the cheaper one to report than
+            # a tokenizer download. The SDK's client constructor may block on the network, hence the thread.
+            try:
+                service = await asyncio.to_thread(sdk.connect)
+            except Exception as exc:
+                raise self._error(exc, f"connecting to {sdk.title}", sdk) from exc
             try:
                 tokenizer = await asyncio.to_thread(self.load_tokenizer, model)
             except Exception as exc:
@@ -190,10 +219,6 @@ class TinkerShapedBackend:
                     f"the {sdk.title} backend renders chats with the model's own Hugging Face tokenizer "
                     "(for gated models log in with `hf auth login`)"
                 ) from exc
-            try:
-                service = sdk.connect()
-            except Exception as exc:
-                raise self._error(exc, f"connecting to {sdk.title}", sdk) from exc
             self._sdk = sdk
             base_client = await self._retrying(
                 lambda: self._call(
@@ -208,6 +233,7 @@ class TinkerShapedBackend:
         service, sdk = self._service, self._sdk
         self._service = self._training = self._base = self._current = None
         self._published.clear()
+        self._train_states.clear()
         if service is None or sdk is None or sdk.close_service is None:
             return
         try:
@@ -338,6 +364,7 @@ class TinkerShapedBackend:
             response = await self._call(lambda: training.optim_step(sdk_adam), "taking an optimizer step")
             self._step += 1
             self._gradients_pending = False
+            self._trainer_version = None
             return self._step_result(response, adam)
 
     async def forward_backward_and_step(
@@ -359,17 +386,110 @@ class TinkerShapedBackend:
             )
             self._step += 1
             self._gradients_pending = False
+            self._trainer_version = None
             step = self._step_result(response, adam)
         return wire.fwdbwd_result(output, datums, loss, sdk_config), step
 
     async def publish(self, name: str | None = None) -> PolicyVersion:
         """Snapshot the trained weights into a new sampling client, then make it current in one step."""
+        return await self._publish_trained(name, make_current=True)
+
+    # -- version control (openclaw_cli.backend.SupportsVersionControl; module docstring) ------------------------
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        """Like :meth:`publish`, but the new version is only servable when pinned; the current one keeps serving."""
+        return await self._publish_trained(name, make_current=False)
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        """Serve ``version`` from now on (at once; requests already running finish on theirs). ``train_from``:
+        the trainer also continues from that version's saved training state (weights and optimizer moments), once
+        a training call in progress is done. Not servable: 400; no saved training state: 409, nothing switched."""
+        served = self._acquire(version)  # 400 naming the servable versions when it is not one
+        if train_from and not self._can_train_from(version):
+            raise BackendError(
+                f"policy version {version} can serve but cannot be trained from: its training state was not saved "
+                "with it (see the log of its publish, or it predates a resume from a checkpoint); serving is "
+                "unchanged. Roll back to a version this run published with its state saved",
+                status_code=409,
+            )
+        self._make_current(served)
+        if not train_from:
+            return served.info
+        async with self._train_lock:
+            if self._trainer_version != version or self._gradients_pending:
+                await self._restore_training(version)
+            # A publish that finished while we waited for the lock may have put the abandoned weights in front.
+            self._make_current(served)
+        return served.info
+
+    def _can_train_from(self, version: int) -> bool:
+        if version in self._train_states or self._trainer_version == version:
+            return True
+        return version == BASE_VERSION and self._training is None  # the run opened next starts fresh anyway
+
+    async def _restore_training(self, version: int) -> None:
+        """Load ``version``'s saved training state into the training run (in place when the SDK can, else a new
+        run from it); call with the train lock held."""
+        path = self._train_states.get(version)
+        if path is None:
+            if version == BASE_VERSION and self._training is None:
+                self._trainer_version = BASE_VERSION
+                return
+            # The version's state was dropped while we waited for the lock.
+            raise BackendError(f"the training state of version {version} is no longer kept", status_code=409)
+        doing = f"restoring the training state of version {version} ({path})"
+        training, service = self._training, self._require_service()
+        load_in_place = getattr(training, "load_state_with_optimizer", None) if training is not None else None
+        try:
+            if callable(load_in_place):
+                await self._retrying(lambda: self._call(lambda: load_in_place(path), doing))
+            else:
+                self._training = await self._retrying(
+                    lambda: self._call(lambda: service.create_training_client_from_state_with_optimizer(path), doing)
+                )
+        except BackendError as exc:
+            raise BackendError(
+                f"version {version} serves now, but the trainer could not be moved to its weights: {exc}",
+                retryable=exc.retryable,
+                status_code=exc.status_code,
+            ) from exc
+        self._gradients_pending = False
+        self._trainer_version = version
+
+    async def _publish_trained(self, name: str | None, *, make_current: bool) -> PolicyVersion:
         async with self._train_lock:
             training = await self._training_client()
-            client = await self._snapshot(training, f"openclaw-v{self._latest_number + 1}")
-            info = self._install(client, name, None)
-            self._published_step = self._step
+            number = self._latest_number + 1
+            state_pending = self._submit_version_state(training, number)
+            client = await self._snapshot(training, f"openclaw-v{number}")
+            state_path = await self._resolve_version_state(state_pending, number)
+            info = self._install(client, name, None, make_current=make_current)
+            if state_path is not None:
+                self._train_states[info.version] = state_path
+            self._trainer_version = info.version
             return info
+
+    def _submit_version_state(self, training: Any, number: int) -> Any:
+        """Submit the training-state save for version ``number`` (submitted first, so it is queued before the
+        snapshot and both run in one round trip); None when not wanted or the submit itself failed."""
+        if not self.save_version_states:
+            return None
+        name = f"openclaw-v{number}-train"
+        try:
+            return self._submit(lambda: training.save_state(name), "saving the training state of a version")
+        except BackendError as exc:
+            log.warning("version %d will not be trainable-from after a rollback: %s", number, exc)
+            return None
+
+    async def _resolve_version_state(self, pending: Any, number: int) -> str | None:
+        if pending is None:
+            return None
+        try:
+            response = await self._resolve(pending, "saving the training state of a version")
+        except BackendError as exc:  # serving the new version matters more; a rollback to it will say 409
+            log.warning("version %d will not be trainable-from after a rollback: %s", number, exc)
+            return None
+        return str(response.path)
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
@@ -398,7 +518,7 @@ class TinkerShapedBackend:
                 "lora_rank": self.settings.lora.rank,
                 "version": current.version,
                 "version_name": current.name,
-                "weights_are_version": self._step == self._published_step,
+                "weights_are_version": self._trainer_version == current.version,
                 "trainer_step": self._step,
                 "saved_at": time.time(),
             }
@@ -416,7 +536,8 @@ class TinkerShapedBackend:
             if service_path is None:  # saved before any training: nothing on the service to restore
                 self._training = None
                 self._gradients_pending = False
-                self._step = self._published_step = int(record.get("trainer_step", 0))
+                self._step = int(record.get("trainer_step", 0))
+                self._trainer_version = BASE_VERSION
                 self._current = self._require_base()  # a fresh adapter is the base model
                 return self._current.info
             service = self._require_service()
@@ -437,7 +558,8 @@ class TinkerShapedBackend:
                 client = await self._snapshot(training, f"openclaw-resume-{self._step}")
                 name = record.get("version_name") if exact else None
                 info = self._install(client, name, saved_version if exact else None)
-            self._published_step = self._step
+                self._train_states[info.version] = str(service_path)  # what it serves is exactly that state
+            self._trainer_version = info.version
             return info
 
     def _read_record(self, path: str) -> dict[str, Any]:
@@ -467,12 +589,18 @@ class TinkerShapedBackend:
                 if self._training is None:
                     service, model = self._require_service(), self.base_model
                     kwargs = self.lora_training_kwargs()
-                    self._training = await self._retrying(
+                    training = await self._retrying(
                         lambda: self._call(
                             lambda: service.create_lora_training_client(base_model=model, **kwargs),
                             f"creating a LoRA training run on {model}",
                         )
                     )
+                    self._training = training
+                    if self._trainer_version == BASE_VERSION:  # a fresh adapter: what a rollback to 0 restores
+                        pending = self._submit_version_state(training, BASE_VERSION)
+                        state_path = await self._resolve_version_state(pending, BASE_VERSION)
+                        if state_path is not None:
+                            self._train_states[BASE_VERSION] = state_path
         return self._training
 
     async def _snapshot(self, training: Any, label: str) -> Any:
@@ -490,20 +618,39 @@ class TinkerShapedBackend:
             )
         )
 
-    def _install(self, client: Any, name: str | None, requested: int | None) -> PolicyVersion:
-        """Make ``client`` the current version. Synchronous on the event loop, so the swap is atomic; numbers only
-        grow (a requested number is honoured when it is above every number used so far)."""
+    def _install(
+        self, client: Any, name: str | None, requested: int | None, *, make_current: bool = True
+    ) -> PolicyVersion:
+        """Make ``client`` servable as a new version, and current unless only staged. Synchronous on the event
+        loop, so the swap is atomic; numbers only grow (a requested number is honoured when it is above every
+        number used so far)."""
         number = self._latest_number + 1
         if requested is not None and requested > self._latest_number:
             number = requested
         served = ServedVersion(PolicyVersion(number, name or f"v{number}", time.time()), client)
         self._published[number] = served
         self._latest_number = number
+        if make_current:
+            self._current = served
+        self._evict()
+        return served.info
+
+    def _make_current(self, served: ServedVersion) -> None:
+        """Serve ``served`` from now on (synchronous: atomic on the event loop); it is kept servable again if a
+        publish dropped it meanwhile."""
+        if served.number != BASE_VERSION and served.number not in self._published:
+            self._published[served.number] = served
+            self._published = OrderedDict(sorted(self._published.items()))
         self._current = served
+        self._evict()
+
+    def _evict(self) -> None:
+        """Keep at most ``keep_versions`` published versions, oldest out first, never the current one."""
         while len(self._published) > self.keep_versions:
             # Requests already running on the dropped version hold their own reference and finish on it.
-            self._published.popitem(last=False)
-        return served.info
+            oldest = next(n for n, v in self._published.items() if v is not self._current)
+            del self._published[oldest]
+            self._train_states.pop(oldest, None)
 
     def _acquire(self, version: int | None) -> ServedVersion:
         current = self._require_current()

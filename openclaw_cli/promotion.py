@@ -119,6 +119,9 @@ class PromotionGate:
         backend: Any = self.backend
         served = backend.current_version()
         candidate = await backend.stage(name)
+        if candidate.version == served.version:
+            # Nothing new was trained (e.g. Fireworks batch mode between SFT jobs): no judge calls on a self-match.
+            return served
         self.evaluating = candidate.version
         try:
             decision = await self.decide(candidate.version, served.version)

@@ -86,6 +86,9 @@ async def test_served_policy_learns_through_fireworks_stepwise_training(
     assert sum("/checkpoints/" in model for model in models) == STEPS  # every published version served
     record = json.loads((tmp_path / "ckpt" / f"step-{STEPS:08d}" / "openclaw-state.json").read_text())
     assert record["backend"] == "fireworks" and record["trainer_step"] == STEPS and record["version"] == STEPS
-    assert [body["path"] for body in double.bodies("/api/v1/save_weights")] == [f"step-{STEPS:08d}"]
+    saved = [body["path"] for body in double.bodies("/api/v1/save_weights")]
+    version_states = [p for p in saved if p.startswith("openclaw-v") and p.endswith("-train")]  # for rollback
+    assert len(version_states) == STEPS + 1  # one per published version, and the fresh run's (version 0)
+    assert [p for p in saved if p not in version_states] == [f"step-{STEPS:08d}"]
     assert record["service_path"].endswith(f"/step-{STEPS:08d}")
     assert len(double.deleted_sessions) == 1

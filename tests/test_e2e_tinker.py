@@ -69,6 +69,9 @@ async def test_served_policy_learns_through_the_tinker_backend(
     assert len(double.calls("save_weights_and_get_sampling_client")) == STEPS
     record = json.loads((tmp_path / "ckpt" / f"step-{STEPS:08d}" / "openclaw-state.json").read_text())
     assert record["backend"] == "tinker" and record["trainer_step"] == STEPS and record["version"] == STEPS
-    assert [c.args["name"] for c in double.calls("save_state")] == [f"step-{STEPS:08d}"]
+    saved = [c.args["name"] for c in double.calls("save_state")]
+    version_states = [n for n in saved if n.startswith("openclaw-v") and n.endswith("-train")]  # for rollback
+    assert len(version_states) == STEPS + 1  # one per published version, and the fresh run's (version 0)
+    assert [n for n in saved if n not in version_states] == [f"step-{STEPS:08d}"]
     assert record["service_path"].endswith(f"/weights/step-{STEPS:08d}")
     assert [c.args["status"] for c in double.calls("close")] == ["success"]

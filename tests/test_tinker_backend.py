@@ -428,7 +428,7 @@ async def test_discard_gradients_drops_what_a_failed_step_left_behind(
         await failing.optim_step(ADAM)
     assert info.value.retryable
     await failing.discard_gradients()
-    assert len(double.calls("save_state")) == 1
+    assert [c.args["name"] for c in double.calls("save_state")] == ["openclaw-v0-train", "openclaw-discard-0-1"]
     assert len(double.calls("create_training_client_from_state_with_optimizer")) == 1
 
     for backend in (failing, control):  # the retried step equals a step that never failed

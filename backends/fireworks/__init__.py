@@ -8,7 +8,9 @@
   deployment and then served — :class:`backends.fireworks.batch.FireworksBatchBackend`. Works on any account.
 
 :class:`FireworksBackend` (the ``fireworks`` entry point) picks the mode on :meth:`FireworksBackend.start` and hands
-every protocol call to it. Construction does no I/O and imports neither mode.
+every protocol call to it, the optional version control (``stage`` / ``activate`` / ``servable_versions``, for
+``openclaw rollback`` and ``train.promotion_gate``) included: both modes have it. Construction does no I/O and
+imports neither mode.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.backend import BackendError, Check, NotYetAvailable
+from openclaw_cli.backend import BackendError, Check, NotYetAvailable, supports_version_control
 from openclaw_cli.settings import env_secret
 from openclaw_cli.types import (
     AdamParams,
@@ -117,6 +119,23 @@ class FireworksBackend:
     async def publish(self, name: str | None = None) -> PolicyVersion:
         return await self._require().publish(name)
 
+    # -- version control (openclaw_cli.backend.SupportsVersionControl), delegated -----------------------------
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        return await self._version_control().stage(name)
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        return await self._version_control().activate(version, train_from=train_from)
+
+    def servable_versions(self) -> list[int]:
+        return self._version_control().servable_versions()
+
+    def _version_control(self) -> Any:
+        impl = self._require()
+        if not supports_version_control(impl):
+            raise BackendError(f"the Fireworks {self.mode} mode cannot switch policy versions", status_code=501)
+        return impl
+
     async def save_state(self, name: str) -> str:
         return await self._require().save_state(name)
 
@@ -161,7 +180,7 @@ class FireworksBackend:
 def _mode_checks(settings: Settings) -> list[Check]:
     fw = settings.fireworks
     if fw.mode == "batch":
-        return [
+        checks = [
             Check(
                 "mode",
                 True,
@@ -169,6 +188,10 @@ def _mode_checks(settings: Settings) -> list[Check]:
                 f"{fw.max_steps_per_day} per day",
             )
         ]
+        if settings.train.promotion_gate and fw.addon_mode == "hot_reload":
+            detail = "needs fireworks.addon_mode = 'multi_lora' (hot reload cannot stage a candidate)"
+            checks.append(Check("promotion gate", False, detail))
+        return checks
     checks = [Check("mode", True, "stepwise (private preview training SDK)")]
     sdk_ok, detail = _training_sdk_importable()
     checks.append(
@@ -180,7 +203,21 @@ def _mode_checks(settings: Settings) -> list[Check]:
     )
     built = find_spec(STEPWISE_MODULE) is not None
     checks.append(Check("stepwise mode", built, "available" if built else f"not built yet; {_USE_BATCH}"))
+    if built and sdk_ok:
+        checks.extend(_stepwise_checks(settings))
     return checks
+
+
+def _stepwise_checks(settings: Settings) -> list[Check]:
+    """The step-wise backend's own readiness checks (its base model, tokenizer and training endpoint), minus the
+    ones already listed above under the same name."""
+    try:
+        module = importlib.import_module(STEPWISE_MODULE)
+        own = list(module.FireworksStepwiseBackend.diagnose(settings))
+    except Exception as exc:  # a broken preview SDK must not take the listing down
+        return [Check("stepwise checks", False, f"{type(exc).__name__}: {exc}")]
+    already = {"training sdk", "api key"}
+    return [Check(f"stepwise {c.name}", c.ok, c.detail) for c in own if c.name not in already]
 
 
 def _training_sdk_importable() -> tuple[bool, str]:

@@ -14,7 +14,8 @@ negatively judged ones are left out (their signal is lost in this mode; the step
 
 - ``forward_backward(datums, ...)`` queues the positive datums as SFT rows (deduplicated, so the loop's retry of a
   failed step does not queue them twice; persisted in ``fireworks.state_dir/pending.jsonl``). Nothing is computed
-  locally: the result's ``loss`` is NaN and its per-datum ``logprobs`` are empty.
+  locally: the result's ``loss`` is NaN (not computed; the store records it as null) and its per-datum
+  ``logprobs`` are empty.
 - ``optim_step`` returns at once while fewer than ``fireworks.batch_samples`` rows are queued. Otherwise it runs the
   whole remote cycle and returns when the new LoRA is loaded: dataset create + upload, SFT job (capped by
   ``fireworks.max_steps_per_day``), output model READY, ``deployedModels`` load (with ``replaceMergedAddon`` on a
@@ -22,6 +23,14 @@ negatively judged ones are left out (their signal is lost in this mode; the step
   rows queued for the next try.
 - ``publish`` switches serving to the loaded LoRA (a new version); with nothing new it returns the current version.
   On a multi-LoRA deployment LoRAs older than the newest ``fireworks.keep_versions`` are unloaded.
+
+**Version control** (rollback and the promotion gate; :class:`~openclaw_cli.backend.SupportsVersionControl`). On a
+multi-LoRA deployment the base and the newest ``fireworks.keep_versions`` LoRAs stay loaded, so ``stage`` makes the
+loaded LoRA a version servable by pin without serving it, and ``activate(N)`` switches which model name serving
+uses, at once. ``activate(N, train_from=True)`` also makes the next SFT job warm-start from version N's model (the
+base model for 0); a job still running then is abandoned when it ends (its LoRA unloaded, its samples queued
+again), so the abandoned weights never come back. A hot-reload deployment holds one LoRA, replaced in place, so only
+its current version is servable: activating another one is a 409, and ``train.promotion_gate`` is refused at start.
 
 **Conversations.** SFT rows are chat messages, but datums carry token ids. The backend's tokenizer remembers, for
 the prompts it rendered (the proxy renders every request through it), which messages and tools produced them; a
@@ -248,6 +257,7 @@ class FireworksBatchBackend:
         self._run = time.strftime("%y%m%d%H%M%S") + secrets.token_hex(2)
         self._attempts = 0
         self._train_lock = asyncio.Lock()
+        self._lineage = 0  # bumped by a rollback that moves training: a job started before it is abandoned
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -260,6 +270,11 @@ class FireworksBatchBackend:
             raise BackendError(
                 f"the Fireworks SDK is not installed ({exc}); pip install 'openclaw-cli[fireworks]'"
             ) from exc
+        if self.settings.train.promotion_gate and self.hot_reload:
+            raise BackendError(
+                "train.promotion_gate needs fireworks.addon_mode = 'multi_lora': a hot-reload deployment serves a "
+                "new LoRA as soon as it is loaded, so a candidate cannot be evaluated before it serves"
+            )
         creds = resolve_credentials(self.settings)
         base_model = resolve_base_model(self.settings)
         if not base_model:
@@ -441,7 +456,10 @@ class FireworksBatchBackend:
             rows = [self._pending[k] for k in keys]
             learning_rate = self.fw.sft_learning_rate or adam.learning_rate
             started = time.monotonic()
+            lineage = self._lineage
             ready = await asyncio.to_thread(self._train_remotely, control, rows, learning_rate)
+            if lineage != self._lineage:
+                return await self._abandon(ready, len(rows), time.monotonic() - started)
             for key in keys:
                 self._pending.pop(key, None)
             self._ready = ready
@@ -454,6 +472,20 @@ class FireworksBatchBackend:
         return StepResult(
             self._jobs_done,
             {"job_ran": 1.0, "job_samples": float(len(rows)), "job_seconds": seconds, "learning_rate": learning_rate},
+        )
+
+    async def _abandon(self, ready: _ReadyModel, samples: int, seconds: float) -> StepResult:
+        """A rollback moved training while this job ran: drop its model, keep its samples queued for the next job
+        (which warm-starts from the rolled-back version). Call with the train lock held."""
+        log.warning("Fireworks: %s was trained from weights a rollback abandoned; it will not be served", ready.model)
+        if not self.hot_reload:
+            try:
+                await asyncio.to_thread(self._require_control().unload_lora, ready.deployed_model)
+            except BackendError as exc:
+                log.warning("Fireworks: could not unload %s (%s); it stays loaded", ready.model, exc)
+        return StepResult(
+            self._jobs_done,
+            {"job_ran": 1.0, "job_abandoned": 1.0, "job_samples": float(samples), "job_seconds": seconds},
         )
 
     def _train_remotely(
@@ -485,14 +517,53 @@ class FireworksBatchBackend:
 
     async def publish(self, name: str | None = None) -> PolicyVersion:
         """Serve the LoRA the last ``optim_step`` loaded; without one, the current version stays."""
+        return await self._publish_ready(name, make_current=True)
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        """Make the LoRA the last ``optim_step`` loaded a version servable by pin, without serving it (multi-LoRA
+        deployments only); without one, the current version is returned."""
+        if self.hot_reload:
+            raise BackendError(
+                "a hot-reload deployment serves a new LoRA as soon as it is loaded, so it cannot be staged; "
+                "use fireworks.addon_mode = 'multi_lora'",
+                status_code=409,
+            )
+        return await self._publish_ready(name, make_current=False)
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        """Serve ``version`` from now on (see the module docstring); ``train_from``: the next SFT job warm-starts
+        from its model, and a job running now is abandoned when it ends."""
+        versions = self._require_sampler().versions
+        current = versions.current()
+        if self.hot_reload and version != current.number:
+            raise BackendError(
+                f"policy version {version} cannot serve again: a hot-reload deployment holds only its current LoRA "
+                f"(version {current.number}); rollback needs fireworks.addon_mode = 'multi_lora'",
+                status_code=409,
+            )
+        served = versions.make_current(version)  # 400 naming the servable versions when it is not one
+        if train_from:
+            self._lineage += 1
+            self._last_model = served.lora_model  # None: the next job starts from the base model
+            abandoned, self._ready = self._ready, None
+            if abandoned is not None and abandoned.model != served.lora_model and not self.hot_reload:
+                try:
+                    await asyncio.to_thread(self._require_control().unload_lora, abandoned.deployed_model)
+                except BackendError as exc:
+                    log.warning("Fireworks: could not unload %s (%s); it stays loaded", abandoned.model, exc)
+        await asyncio.to_thread(self._write_batch_state)
+        log.info("Fireworks: serving version %d (%s)", served.number, served.lora_model or "base model")
+        return served.info
+
+    async def _publish_ready(self, name: str | None, *, make_current: bool) -> PolicyVersion:
         sampler, control = self._require_sampler(), self._require_control()
         ready = self._ready
         if ready is None:
             return sampler.versions.current().info
-        info, dropped = self._serve(ready, name, None)
+        info, dropped = self._serve(ready, name, None, make_current=make_current)
         self._ready = None
         await asyncio.to_thread(self._write_batch_state)
-        log.info("Fireworks: serving %s as version %d", ready.model, info.version)
+        log.info("Fireworks: %s %s as version %d", "serving" if make_current else "staged", ready.model, info.version)
         if not self.hot_reload:  # on a hot-reload deployment the replaced addon is gone already
             for old in dropped:
                 if old.deployed_model:
@@ -503,7 +574,7 @@ class FireworksBatchBackend:
         return info
 
     def _serve(
-        self, ready: _ReadyModel, name: str | None, version: int | None
+        self, ready: _ReadyModel, name: str | None, version: int | None, *, make_current: bool = True
     ) -> tuple[PolicyVersion, list[ServedModel]]:
         deployment = self._require_control().name("deployments", self.deployment_id)
         # Hot reload: the deployment's merged addon is the new LoRA, requested under the base model's name.
@@ -514,6 +585,7 @@ class FireworksBatchBackend:
             deployed_model=ready.deployed_model,
             name=name,
             version=version,
+            make_current=make_current,
         )
 
     # -- checkpoints ----------------------------------------------------------------------------------------------

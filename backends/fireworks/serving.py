@@ -76,8 +76,10 @@ class ServedVersions:
     """Which model name serves which policy version.
 
     ``exclusive`` (hot-reload deployments): a publish replaces the weights behind the one name, so every earlier
-    version, the base included, stops being servable. Otherwise the base stays servable and the newest ``keep``
-    published LoRAs too; ``publish`` returns the ones that fell out, for the caller to unload.
+    version, the base included, stops being servable, and nothing can be staged. Otherwise the base stays servable
+    and the newest ``keep`` published LoRAs too, never dropping the current one (which after a rollback, or while a
+    newer version is only staged, need not be the newest); ``publish`` returns the ones that fell out, for the
+    caller to unload.
     """
 
     def __init__(self, base: ServedModel, *, keep: int, exclusive: bool) -> None:
@@ -126,9 +128,17 @@ class ServedVersions:
         deployed_model: str | None,
         name: str | None = None,
         version: int | None = None,
+        make_current: bool = True,
     ) -> tuple[PolicyVersion, list[ServedModel]]:
         """Serve ``request_model`` as the next version (or ``version`` when above every number used so far);
-        returns its identity and the versions that stopped being servable."""
+        returns its identity and the versions that stopped being servable. ``make_current=False`` stages it:
+        servable when pinned, the current version keeps serving (not possible when ``exclusive``)."""
+        if self._exclusive and not make_current:
+            raise BackendError(
+                "a hot-reload deployment serves a new LoRA as soon as it is loaded, so it cannot be staged; "
+                "use fireworks.addon_mode = 'multi_lora'",
+                status_code=409,
+            )
         with self._lock:
             number = version if version is not None and version > self._latest else self._latest + 1
             info = PolicyVersion(number, name or f"v{number}", time.time())
@@ -138,12 +148,25 @@ class ServedVersions:
                 dropped = list(self._published.values())
                 self._published.clear()
             self._published[number] = served
-            self._current = served
+            if make_current:
+                self._current = served
             self._latest = number
-            while len(self._published) > self._keep:
-                _, old = self._published.popitem(last=False)
-                dropped.append(old)
-            return info, dropped
+            return info, dropped + self._evict_locked()
+
+    def make_current(self, version: int) -> ServedModel:
+        """Serve an already servable version from now on (rollback, or promoting a staged version); requests
+        already running keep the model they resolved."""
+        served = self.resolve(version)
+        with self._lock:
+            self._current = served
+        return served
+
+    def _evict_locked(self) -> list[ServedModel]:
+        dropped: list[ServedModel] = []
+        while len(self._published) > self._keep:
+            oldest = next(n for n, v in self._published.items() if v is not self._current)
+            dropped.append(self._published.pop(oldest))
+        return dropped
 
     def _servable_locked(self) -> list[int]:
         if self._exclusive and self._published:

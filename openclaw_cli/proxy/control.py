@@ -5,10 +5,11 @@ of ``/v1/openclaw/status``.
 
 ``POST /v1/openclaw/rollback`` with ``{"version": N}`` switches serving to version N at once (requests already
 running finish on the version they started with) and, where the backend can, makes the trainer continue from that
-version's weights with a fresh optimizer, so the next training step builds on what is served rather than
-republishing the abandoned weights. Answers: 200 with the new and previous version; 400 for a body without an
-integer ``version``; 404 naming the servable versions when N is unknown or no longer kept (the base 0 and the last
-``local.keep_versions`` published); 501 when the backend cannot switch versions. Same API key as every other route.
+version's weights (local: a fresh optimizer; Tinker/Fireworks: that version's saved optimizer state), so the next
+training step builds on what is served rather than republishing the abandoned weights. Answers: 200 with the new
+and previous version; 400 for a body without an integer ``version``; 404 naming the servable versions when N is
+unknown or no longer kept (the base 0 and the last ``keep_versions`` published); 501 when the backend cannot switch
+versions. Same API key as every other route.
 
 Status sections (the store's counts, the runtime's loop backlog) read SQLite, which can wait on a busy writer: they
 run in a worker thread with a time limit, one read per section at a time, so a slow store makes ``status`` answer
@@ -39,7 +40,10 @@ ROLLBACK_PATH = "/v1/openclaw/rollback"
 SECTION_TIMEOUT_S = 2.0
 MAX_CONTROL_BODY_BYTES = 4096
 KEEP_ROLLBACKS = 20
-TRAINER_NOTE = "the trainer continues from this version's weights (optimizer state reset)"
+TRAINER_NOTE = (
+    "the trainer continues from this version's weights (local backend: optimizer state reset; "
+    "Tinker/Fireworks: that version's saved optimizer state)"
+)
 
 
 def _require_version_control(state: ProxyState) -> Any:
@@ -84,7 +88,7 @@ def add_control_routes(app: FastAPI) -> None:
                 raise ProxyError(
                     404,
                     f"policy version {version} is not available to roll back to; servable versions: {known} "
-                    "(the base model 0 and the last local.keep_versions published versions)",
+                    "(the base model 0 and the most recent published versions its keep_versions setting keeps)",
                     kind="not_found",
                     param="version",
                 )

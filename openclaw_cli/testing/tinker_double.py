@@ -475,6 +475,18 @@ class DoubleTrainingClient:
 
         return self.double.submit("save_state", self.model_id, {"name": name}, work, self.executor)
 
+    def load_state_with_optimizer(self, path: str, **_: Any) -> DoubleFuture[types.LoadWeightsResponse]:
+        """Weights and optimizer state of a ``save_state`` checkpoint into this client, in submission order."""
+
+        def work() -> types.LoadWeightsResponse:
+            state = self.double.saved_state(path)
+            if (state.rank, state.targets) != (self.rank, self.targets):
+                raise status_error(400, f"checkpoint {path} has another LoRA shape than this training run")
+            self.trainer.load(state.directory)
+            return types.LoadWeightsResponse(path=path)
+
+        return self.double.submit("load_state_with_optimizer", self.model_id, {"path": path}, work, self.executor)
+
     def save_weights_for_sampler(
         self, name: str, ttl_seconds: int | None = None, **_: Any
     ) -> DoubleFuture[types.SaveWeightsForSamplerResponse]:
