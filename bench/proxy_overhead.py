@@ -248,6 +248,25 @@ async def load(url: str, model: str, requests: int, concurrency: int) -> dict[st
     }
 
 
+def cpu_seconds(proc: subprocess.Popen[bytes]) -> float | None:
+    """User + system CPU time of a server process so far (Linux /proc; None elsewhere). On a busy machine latency
+    mostly measures the neighbours; CPU time per request measures the server."""
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(url: str, model: str, proc: subprocess.Popen[bytes], requests: int, concurrency: int) -> dict[str, float]:
+    before = cpu_seconds(proc)
+    result = asyncio.run(load(url, model, requests, concurrency))
+    after = cpu_seconds(proc)
+    if before is not None and after is not None:
+        result["cpu_ms"] = 1000 * (after - before) / (requests + min(20, requests))  # warm-up requests count too
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=400)
@@ -268,28 +287,30 @@ def main() -> None:
     try:
         upstream_proc, upstream = start_own("upstream")
         procs.append(upstream_proc)
-        targets: list[tuple[str, str, str]] = [("direct (upstream)", upstream + "/v1/chat/completions", "fake")]
+        targets: list[tuple[str, str, str, subprocess.Popen[bytes]]] = [
+            ("direct (upstream)", upstream + "/v1/chat/completions", "fake", upstream_proc)
+        ]
         proxy_proc, proxy = start_own("proxy", upstream)
         procs.append(proxy_proc)
-        targets.append(("openclaw (memory capture)", proxy + "/v1/chat/completions", "openclaw"))
+        targets.append(("openclaw (memory capture)", proxy + "/v1/chat/completions", "openclaw", proxy_proc))
         try:
             import openclaw_cli.sessions
             import openclaw_cli.store  # noqa: F401
 
             stored_proc, stored = start_own("proxy", upstream, str(workdir / "store.sqlite3"))
             procs.append(stored_proc)
-            targets.append(("openclaw (SQLite capture)", stored + "/v1/chat/completions", "openclaw"))
+            targets.append(("openclaw (SQLite capture)", stored + "/v1/chat/completions", "openclaw", stored_proc))
         except ImportError:
             rows.append(("openclaw (SQLite capture)", "store not available in this checkout"))
         executable = args.litellm or shutil.which("litellm")
         if executable:
             lite_proc, lite = start_litellm(executable, upstream)
             procs.append(lite_proc)
-            targets.append(("litellm proxy", lite + "/v1/chat/completions", "openai/fake"))
+            targets.append(("litellm proxy", lite + "/v1/chat/completions", "openai/fake", lite_proc))
         else:
             rows.append(("litellm proxy", "not installed (pip install 'litellm[proxy]' or pass --litellm PATH)"))
         measured = [
-            (label, asyncio.run(load(url, model, args.requests, args.concurrency))) for label, url, model in targets
+            (label, measure(url, model, proc, args.requests, args.concurrency)) for label, url, model, proc in targets
         ]
         rows = [*measured, *rows]
     finally:
@@ -303,12 +324,13 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"\n{args.requests} non-streamed chat requests, {args.concurrency} in flight, {os.cpu_count()} CPUs\n")
-    print(f"{'target':<28} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+    print(f"{'target':<28} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'server CPU ms/req':>18}")
     for label, result in rows:
         if isinstance(result, str):
             print(f"{label:<28} {result}")
         else:
-            print(f"{label:<28} {result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f} {result['rps']:>8.1f}")
+            cpu = f"{result['cpu_ms']:>18.2f}" if "cpu_ms" in result else f"{'n/a':>18}"
+            print(f"{label:<28} {result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f} {result['rps']:>8.1f} {cpu}")
 
 
 if __name__ == "__main__":

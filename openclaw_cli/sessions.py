@@ -212,8 +212,29 @@ def _canonical_bytes(message: Message) -> bytes:
     return _canonical_json(canonical).encode()
 
 
+# Every request re-sends its whole history, so the chain step of each earlier plain-text message was computed for the
+# previous request already: remember it, keyed exactly (previous hash, role, content). Bounded by the characters it
+# holds; when full it starts over (a miss only costs the recomputation).
+_CHAIN_CACHE_MAX_CHARS = 4_000_000
+_chain_cache: dict[tuple[bytes, str, str], bytes] = {}
+_chain_cache_chars = 0
+
+
 def _chain(previous: bytes, message: Message) -> bytes:
-    return hashlib.blake2b(previous + _canonical_bytes(message), digest_size=_HASH_BYTES).digest()
+    global _chain_cache_chars
+    content, role = message.get("content"), message.get("role")
+    if not (isinstance(content, str) and isinstance(role, str)) or message.get("tool_calls"):
+        return hashlib.blake2b(previous + _canonical_bytes(message), digest_size=_HASH_BYTES).digest()
+    key = (previous, role, content)
+    digest = _chain_cache.get(key)
+    if digest is None:
+        digest = hashlib.blake2b(previous + _canonical_bytes(message), digest_size=_HASH_BYTES).digest()
+        if _chain_cache_chars + len(content) > _CHAIN_CACHE_MAX_CHARS:
+            _chain_cache.clear()
+            _chain_cache_chars = 0
+        _chain_cache[key] = digest
+        _chain_cache_chars += len(content)
+    return digest
 
 
 def history_hashes(messages: Sequence[Message]) -> list[bytes]:

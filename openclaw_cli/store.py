@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import secrets
@@ -194,6 +195,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 _NEXT_READY_SEQ = "(SELECT IFNULL(MAX(ready_seq), 0) + 1 FROM turns)"  # O(log n) through turns_ready_seq
 _CACHE_KIB = 64 * 1024  # page cache ceiling; the default 2 MiB makes every index update a read syscall
+# WAL checkpoints (and the fsync each one ends with) run on a background thread after commits, not inside a commit
+# (they were about a third of the capture path's time). The writer still checkpoints itself past this many WAL
+# pages (64 MiB), so the WAL stays bounded if the background thread cannot keep up.
+_WAL_BACKSTOP_PAGES = 16384
+_CHECKPOINT_DELAY_S = 0.2  # lets a burst of commits share one checkpoint
+_CHECKPOINTER_IDLE_EXIT_S = 30.0  # an idle checkpointer stops (and restarts on the next commit)
 
 # --- compact arrays ------------------------------------------------------------------------------------------------
 _LITTLE = sys.byteorder == "little"
@@ -260,7 +267,24 @@ def scrub_secrets(value: Any) -> Any:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """Strict JSON: a non-finite float (e.g. a loss the backend did not compute, NaN) is stored as null, since
+    ``NaN`` / ``Infinity`` are not JSON and other readers of the store would reject them."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):  # e.g. a circular value: not ours to repair
+            raise
+        return json.dumps(_finite_or_null(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _loads(text: str | None) -> Any:
@@ -651,6 +675,55 @@ class StoreTx:
         return matches
 
 
+# --- background checkpoints --------------------------------------------------------------------------------------
+class _Checkpointer:
+    """Runs ``PRAGMA wal_checkpoint(PASSIVE)`` on its own connection shortly after commits. PASSIVE never waits for
+    a lock, so it cannot stall the writer or readers; what it cannot copy now it copies next time. Durability is
+    unchanged: a commit is in the WAL file when COMMIT returns, checkpointed or not."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """Note that a commit happened (cheap: sets an event; starts the thread when none runs)."""
+        self._dirty.set()
+        if self._thread is None or not self._thread.is_alive():
+            with self._guard:
+                if self._stopping.is_set():
+                    return
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="openclaw-store-checkpoint", daemon=True)
+                    self._thread.start()
+
+    def stop(self) -> None:
+        with self._guard:
+            self._stopping.set()
+            thread = self._thread
+        self._dirty.set()
+        if thread is not None:
+            thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=0)
+        except sqlite3.Error:
+            return  # the writer's own autocheckpoint (the backstop) still bounds the WAL
+        try:
+            while self._dirty.wait(_CHECKPOINTER_IDLE_EXIT_S):
+                # Stopping: the store's own connection checkpoints as it closes, so there is nothing left to do.
+                if self._stopping.wait(_CHECKPOINT_DELAY_S):
+                    break
+                self._dirty.clear()
+                with suppress(sqlite3.Error):  # e.g. the file went away; the backstop still applies
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        finally:
+            conn.close()
+
+
 # --- the store -----------------------------------------------------------------------------------------------------
 class Store:
     """The SQLite store. ``create=False`` refuses to create a missing file (readers such as export)."""
@@ -664,6 +737,7 @@ class Store:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._owner_lock_fd: int | None = None
         self._conn = self._open(synchronous, create)
+        self._checkpointer = _Checkpointer(self.path)
 
     # opening --------------------------------------------------------------------------------------------------------
     def _open(self, synchronous: str, create: bool) -> sqlite3.Connection:
@@ -689,6 +763,7 @@ class Store:
             conn.execute(f"PRAGMA synchronous={synchronous}")
             conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
             conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_BACKSTOP_PAGES}")
         except sqlite3.OperationalError as exc:  # busy/locked, I/O, permissions: the file itself may be fine
             conn.close()
             raise StoreError(f"cannot open store {path}: {exc}") from None
@@ -742,6 +817,7 @@ class Store:
                 raise
 
     def close(self) -> None:
+        self._checkpointer.stop()  # first: the last connection to close checkpoints and removes the WAL
         with self._lock:
             self._conn.close()
             if self._owner_lock_fd is not None:
@@ -772,6 +848,7 @@ class Store:
             try:
                 yield StoreTx(self._conn)
                 self._conn.execute("COMMIT")
+                self._checkpointer.poke()
             except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")

@@ -172,6 +172,22 @@ def test_history_hashes_change_with_content_that_matters() -> None:
     )
 
 
+def test_remembered_chain_steps_equal_recomputed_ones() -> None:
+    from openclaw_cli import sessions
+
+    history = [SYSTEM, {"role": "user", "content": "fix  the\nbug"}, {"role": "assistant", "content": "done"}]
+    sessions._chain_cache.clear()
+    cold = history_hashes(history)
+    assert sessions._chain_cache  # plain-text steps were remembered
+    assert history_hashes(copy.deepcopy(history)) == cold  # served from the cache, same digests
+    # Keys are exact: equal canonical text under another spelling or role alias still hashes the same, and the same
+    # text under another role or after another history does not.
+    developer = {"role": "developer", "content": SYSTEM["content"] + "  "}
+    assert history_hashes([developer, *history[1:]]) == cold
+    assert history_hashes([SYSTEM, {"role": "assistant", "content": "fix the bug"}])[1] != cold[1]
+    assert history_hashes(history[1:])[0] != cold[1]
+
+
 @given(
     words=st.lists(st.text(alphabet=st.characters(blacklist_categories=["Z", "C"]), min_size=1), min_size=1),
     gaps=st.lists(st.sampled_from([" ", "  ", "\n", "\t", " \n "]), min_size=1),

@@ -301,3 +301,32 @@ def test_a_returned_record_survives_a_killed_process(tmp_path: Path) -> None:
         assert record is not None
         assert (record.session_id, record.prompt_tokens, record.completion_tokens) == ("crash", [5, 6, 7], [8, 9])
         assert record.logprobs == [-0.1, -0.2] and record.version == 2
+
+
+def test_commits_are_checkpointed_in_the_background_and_close_stops_the_checkpointer(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / "store.sqlite3"
+    store = Store(path)
+    with store.transaction() as tx:
+        tx.create_session("s-1", scope="", id_source="inferred", now=1.0)
+    # The main file alone (no -wal) holds the commit once the background checkpoint ran; the writer's own
+    # autocheckpoint is far away for one small transaction.
+    deadline = time.monotonic() + 10
+    while True:
+        copy = tmp_path / "main-file-only.sqlite3"
+        copy.write_bytes(path.read_bytes())
+        conn = sqlite3.connect(copy)
+        try:
+            stored = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+        finally:
+            conn.close()
+        if stored == 1:
+            break
+        assert time.monotonic() < deadline, "the commit never reached the main file"
+        time.sleep(0.1)
+    started = time.monotonic()
+    store.close()
+    assert time.monotonic() - started < 2
+    checkpointer = store._checkpointer._thread
+    assert checkpointer is not None and not checkpointer.is_alive()
