@@ -4,8 +4,9 @@ Accepted: model, max_tokens, messages (text / image / tool_use / tool_result / t
 blocks), system (string or text blocks), tools (client tools with input_schema), tool_choice, stop_sequences,
 temperature, top_p, top_k, metadata.user_id, stream. ``thinking``, ``context_management``, ``output_config``,
 ``cache_control`` and any other unknown field are accepted and ignored, as are the ``anthropic-version`` /
-``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any/tool and ``disable_parallel_tool_use``
-are not enforced (no constrained decoding; every call the model writes is returned, so stored tokens match).
+``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any / tool and ``disable_parallel_tool_use``
+are enforced by checking and resampling, not by constrained decoding (see proxy/constraints.py); such a request
+with ``stream`` true gets the full event sequence, but only once the whole reply is known (not token by token).
 
 A streamed reply is the full event sequence, token by token: ``message_start``, ``ping``, then per content block
 ``content_block_start`` / ``content_block_delta`` (``thinking_delta`` | ``text_delta`` | ``input_json_delta``) /
@@ -43,10 +44,9 @@ from openclaw_cli.proxy.completion import (
     parser_for,
     prepare_prompt,
     render_prompt,
-    sample_choices,
-    split_completion,
     tool_input,
 )
+from openclaw_cli.proxy.constraints import ReplyConstraints, capture_metadata, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
 from openclaw_cli.proxy.models import ResolvedModel
@@ -71,6 +71,7 @@ class MessagesRequest:
     tools_offered: bool
     sampling: SamplingRequest
     stream: bool = False
+    constraints: ReplyConstraints = field(default_factory=ReplyConstraints)
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
     started_at: float = field(default_factory=time.time)
 
@@ -82,6 +83,18 @@ def _conversation(body: dict[str, Any], state: ProxyState) -> tuple[list[Message
     messages = to_openai_messages(body.get("system"), body["messages"])
     tools, offered = apply_tool_choice(to_openai_tools(body.get("tools")), body.get("tool_choice"))
     return messages, tools, offered
+
+
+def parse_constraints(tools: list[dict[str, Any]] | None, choice: Any) -> ReplyConstraints:
+    """What tool_choice demands of the reply (``choice`` was already checked by apply_tool_choice)."""
+    if not isinstance(choice, dict) or not tools:
+        return ReplyConstraints()
+    names = frozenset(t["function"]["name"] for t in tools) if choice["type"] in ("any", "tool") else None
+    return ReplyConstraints(
+        tool_names=names,  # a "tool" choice left only the named tool in ``tools``
+        single_tool_call=choice.get("disable_parallel_tool_use") is True,
+        param="tool_choice",
+    )
 
 
 def parse_messages_request(body: dict[str, Any], state: ProxyState) -> MessagesRequest:
@@ -109,6 +122,7 @@ def parse_messages_request(body: dict[str, Any], state: ProxyState) -> MessagesR
         tools_offered=offered,
         sampling=sampling,
         stream=bool(get_field(body, "stream", bool)),
+        constraints=parse_constraints(tools if offered else None, body.get("tool_choice")),
     )
 
 
@@ -201,7 +215,7 @@ async def create_message(request: Request) -> Response:
         sampling=req.sampling,
         default_max_tokens=state.settings.proxy.default_max_tokens,
     )
-    if req.stream:
+    if req.stream and not req.constraints.active:
         stream = await open_stream(state, prepared)
         return StreamingResponse(
             _sse(request, state, req, prepared, stream),
@@ -209,26 +223,66 @@ async def create_message(request: Request) -> Response:
             headers={**SSE_HEADERS, **response_headers(req, stream.version)},
             background=BackgroundTask(stream.close),
         )
+    limits = state.settings.proxy
     lease = state.lease()
     try:
-        (result,) = await unless_disconnected(
+        (sample,) = await unless_disconnected(
             request,
-            sample_choices(
-                state.backend, prepared, 1, retry_after_s=state.settings.proxy.retry_after_s, health=state.health
+            sample_satisfying(
+                state.backend,
+                prepared,
+                1,
+                req.constraints,
+                retries=limits.tool_choice_retries,
+                retry_after_s=limits.retry_after_s,
+                health=state.health,
             ),
         )
     except ClientGone:
         return Response(status_code=499)
     finally:
         lease.release()
-    parsed = split_completion(state.backend.tokenizer(), result.text, prepared.tools_offered)
+    result, parsed = sample.result, req.constraints.visible(sample.parsed)
     calls = anthropic_calls(parsed.tool_calls)
     stop = stop_reason_for(result, parsed)
     body_out = message_body(
         req, content_blocks(parsed, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
     )
-    await _record(request, state, req, prepared, result, stop[0], assistant_message(parsed, calls), body_out, False)
-    return JSONResponse(body_out, headers=response_headers(req, result.version))
+    extra = capture_metadata(req.constraints, sample)
+    message = assistant_message(parsed, calls)
+    await _record(request, state, req, prepared, result, str(stop[0]), message, body_out, req.stream, extra)
+    headers = response_headers(req, result.version)
+    if req.stream:
+        return StreamingResponse(
+            _replay_as_stream(body_out), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
+        )
+    return JSONResponse(body_out, headers=headers)
+
+
+async def _replay_as_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A finished message as the streamed event sequence: message_start, ping, each content block whole
+    (start / one delta / stop), message_delta, message_stop."""
+    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {**body["usage"], "output_tokens": 0}
+    yield event_frame("message_start", {"type": "message_start", "message": start})
+    yield event_frame("ping", {"type": "ping"})
+    for index, block in enumerate(body["content"]):
+        if block["type"] == "thinking":
+            empty, delta = {**block, "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+        elif block["type"] == "text":
+            empty, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+        else:
+            empty = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+        yield event_frame(
+            "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
+        )
+        yield event_frame("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        yield event_frame("content_block_stop", {"type": "content_block_stop", "index": index})
+    usage_out = {"input_tokens": body["usage"]["input_tokens"], "output_tokens": body["usage"]["output_tokens"]}
+    delta_out = {"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]}
+    yield event_frame("message_delta", {"type": "message_delta", "delta": delta_out, "usage": usage_out})
+    yield event_frame("message_stop", {"type": "message_stop"})
 
 
 async def _record(
@@ -241,6 +295,7 @@ async def _record(
     message: Message,
     response: dict[str, Any],
     stream: bool,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     exchange = build_exchange(
         api="anthropic",
@@ -255,6 +310,7 @@ async def _record(
         started_at=req.started_at,
         stream=stream,
         request_id=req.message_id,
+        extra_metadata=extra,
     )
     await state.recorder.record(exchange)
 

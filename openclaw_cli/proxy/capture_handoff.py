@@ -154,12 +154,14 @@ def build_exchange(
     stream: bool,
     choice_index: int = 0,
     request_id: str = "",
+    extra_metadata: dict[str, Any] | None = None,
 ) -> CapturedExchange:
     metadata: dict[str, Any] = {"request_id": request_id, "endpoint": request.url.path}
     if model.turn_type_hint is not None:
         metadata["turn_type"] = model.turn_type_hint
     if result.stop_sequence is not None:
         metadata["stop_sequence"] = result.stop_sequence
+    metadata.update(extra_metadata or {})
     return CapturedExchange(
         api=api,
         headers=scrub_headers(request.headers),

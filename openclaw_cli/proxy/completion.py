@@ -151,7 +151,20 @@ async def sample_choices(
 ) -> list[SampleResult]:
     """``n`` complete replies, sampled concurrently; a backend failure becomes the matching ProxyError (a backend
     that cannot be reached: 503/529, see :func:`~openclaw_cli.proxy.errors.from_backend_exception`)."""
-    calls = [backend.sample(prepared.prompt_tokens, choice_params(prepared.params, i)) for i in range(n)]
+    params = [choice_params(prepared.params, i) for i in range(n)]
+    return await sample_with_params(backend, prepared, params, retry_after_s=retry_after_s, health=health)
+
+
+async def sample_with_params(
+    backend: Backend,
+    prepared: PreparedPrompt,
+    params: list[SamplingParams],
+    *,
+    retry_after_s: int,
+    health: BackendHealth | None = None,
+) -> list[SampleResult]:
+    """One complete reply per entry of ``params``, sampled concurrently (errors mapped as in :func:`sample_choices`)."""
+    calls = [backend.sample(prepared.prompt_tokens, p) for p in params]
     try:
         results = list(await asyncio.gather(*calls))
     except (BackendError, *UNAVAILABLE_ERRORS) as exc:

@@ -24,6 +24,7 @@ ErrorKind = Literal[
     "backend",
     "internal",
     "unsupported",
+    "unmet_constraint",
 ]
 
 # kind -> (OpenAI type, OpenAI default code, Anthropic type)
@@ -39,6 +40,8 @@ _FORMATS: dict[str, tuple[str, str | None, str]] = {
     "backend": ("server_error", "backend_error", "api_error"),
     "internal": ("server_error", None, "api_error"),
     "unsupported": ("invalid_request_error", "unsupported", "invalid_request_error"),
+    # The model never produced what tool_choice / response_format demand (see proxy/constraints.py).
+    "unmet_constraint": ("server_error", "constraint_not_met", "api_error"),
 }
 
 ANTHROPIC_OVERLOADED_STATUS = 529
@@ -93,9 +96,10 @@ def _encodable(text: str) -> str:
 
 def error_response(err: ProxyError, api: ApiKind) -> JSONResponse:
     headers = {"retry-after": str(err.retry_after_s)} if err.retry_after_s is not None else {}
-    if err.kind == "authentication":
+    if err.kind in ("authentication", "unmet_constraint"):
         # Claude Code retries a 401 (in case its credentials were refreshed meanwhile) for minutes, silently,
-        # unless told not to; both SDKs and Claude Code honour this header, so a wrong key fails at once.
+        # unless told not to; both SDKs and Claude Code honour this header, so a wrong key fails at once. An unmet
+        # constraint was already resampled proxy.tool_choice_retries times: an SDK retry would multiply that.
         headers["x-should-retry"] = "false"
     return JSONResponse(error_body(err, api), status_code=err.status_for(api), headers=headers or None)
 

@@ -8,10 +8,11 @@ Known limits, by design:
 - ``top_logprobs``: the backend reports only the sampled token's log-probability, so each position's
   ``top_logprobs`` list holds just the sampled token (never more than one entry). Log-probabilities are the
   policy's raw ones (temperature 1, no top-k/top-p), the values the trainer uses.
-- ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool;
-  "required" is accepted but not enforced (no constrained decoding). ``parallel_tool_calls`` is accepted and not
-  enforced: every call the model writes is returned, so the stored tokens match the reply.
-- ``response_format`` and other unknown fields are accepted and ignored.
+- ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool.
+  "required" / a named function, ``parallel_tool_calls`` false and ``response_format`` json_object / json_schema
+  are enforced by checking and resampling, not by constrained decoding (see proxy/constraints.py); such a request
+  with ``stream`` true is answered as a stream, but only once the whole reply is known (not token by token).
+- Other unknown fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ from openclaw_cli.proxy.completion import (
     assistant_message,
     parser_for,
     prepare_prompt,
-    sample_choices,
     split_completion,
+)
+from openclaw_cli.proxy.constraints import (
+    JsonKind,
+    ReplyConstraints,
+    capture_metadata,
+    sample_satisfying,
+    schema_error,
 )
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
@@ -71,6 +78,7 @@ class ChatRequest:
     include_usage: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    constraints: ReplyConstraints = field(default_factory=ReplyConstraints)
     request_id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     started_at: float = field(default_factory=time.time)
@@ -133,13 +141,58 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool
     )
 
 
+def parse_response_format(body: dict[str, Any]) -> tuple[JsonKind | None, dict[str, Any] | None]:
+    """(JSON kind the reply must be: None / "object" / "schema", the schema if one was given)."""
+    fmt = get_field(body, "response_format", dict)
+    if fmt is None or fmt.get("type") == "text":
+        return None, None
+    if fmt.get("type") == "json_object":
+        return "object", None
+    if fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise ProxyError(
+                400, "response_format.json_schema must be an object with a 'name'", param="response_format"
+            )
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise ProxyError(400, "response_format.json_schema.schema must be an object", param="response_format")
+        problem = schema_error(schema) if schema is not None else None
+        if problem is not None:
+            raise ProxyError(
+                400,
+                f"response_format.json_schema.schema is not a valid JSON Schema: {problem}",
+                param="response_format",
+            )
+        return "schema", schema
+    raise ProxyError(
+        400, "response_format.type must be 'text', 'json_object' or 'json_schema'", param="response_format"
+    )
+
+
+def parse_constraints(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ReplyConstraints:
+    """What the reply must be, from tool_choice (after parse_tools), parallel_tool_calls and response_format."""
+    choice = body.get("tool_choice")
+    names: frozenset[str] | None = None
+    if tools and (choice == "required" or isinstance(choice, dict)):
+        names = frozenset(t["function"]["name"] for t in tools)  # a named choice left only that tool in ``tools``
+    json_kind, schema = parse_response_format(body)
+    return ReplyConstraints(
+        tool_names=names,
+        single_tool_call=get_field(body, "parallel_tool_calls", bool) is False,
+        json_kind=json_kind,
+        json_schema=schema,
+        param="tool_choice" if names is not None else ("response_format" if json_kind else None),
+    )
+
+
 def parse_chat_request(body: dict[str, Any], state: ProxyState) -> ChatRequest:
     limits = state.settings.proxy
     check_counts(body, max_messages=limits.max_messages, max_tools=limits.max_tools)
     model = state.catalog.resolve(get_field(body, "model", str, required=True))
     messages = parse_messages(body)
     tools, tools_offered = parse_tools(body)
-    get_field(body, "parallel_tool_calls", bool)
+    constraints = parse_constraints(body, tools if tools_offered else None)
     max_tokens = get_number(body, "max_completion_tokens", low=1, integer=True)
     if max_tokens is None:
         max_tokens = get_number(body, "max_tokens", low=1, integer=True)
@@ -169,6 +222,7 @@ def parse_chat_request(body: dict[str, Any], state: ProxyState) -> ChatRequest:
         include_usage=bool(stream_options.get("include_usage")),
         logprobs=logprobs,
         top_logprobs=int(top_logprobs),
+        constraints=constraints,
     )
 
 
@@ -249,18 +303,26 @@ async def chat_completions(request: Request) -> Response:
         sampling=req.sampling,
         default_max_tokens=state.settings.proxy.default_max_tokens,
     )
-    if req.stream:
+    if req.stream and not req.constraints.active:
         return await _start_stream(request, state, req, prepared)
     return await _complete(request, state, req, prepared)
 
 
 async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
+    """The whole reply at once: as JSON, or (a constrained request with stream true) as a stream sent afterwards."""
+    limits = state.settings.proxy
     lease = state.lease()
     try:
-        results = await unless_disconnected(
+        sampled = await unless_disconnected(
             request,
-            sample_choices(
-                state.backend, prepared, req.n, retry_after_s=state.settings.proxy.retry_after_s, health=state.health
+            sample_satisfying(
+                state.backend,
+                prepared,
+                req.n,
+                req.constraints,
+                retries=limits.tool_choice_retries,
+                retry_after_s=limits.retry_after_s,
+                health=state.health,
             ),
         )
     except ClientGone:
@@ -269,22 +331,70 @@ async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepa
         lease.release()
     tokenizer = state.backend.tokenizer()
     choices, finishes, messages = [], [], []
-    for i, result in enumerate(results):
-        parsed = split_completion(tokenizer, result.text, prepared.tools_offered)
-        finish, message = finish_reason_for(result, parsed), assistant_message(parsed)
-        lp = {"content": logprob_entries(tokenizer, result, req.top_logprobs)} if req.logprobs else None
+    for i, sample in enumerate(sampled):
+        parsed = req.constraints.visible(sample.parsed)
+        finish, message = finish_reason_for(sample.result, parsed), assistant_message(parsed)
+        lp = {"content": logprob_entries(tokenizer, sample.result, req.top_logprobs)} if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
         finishes.append(finish)
         messages.append(message)
-    version = results[0].version
-    total = usage(len(prepared.prompt_tokens), sum(len(r.tokens) for r in results))
+    version = sampled[0].result.version
+    total = usage(len(prepared.prompt_tokens), sum(len(s.result.tokens) for s in sampled))
     body = completion_body(req, version, choices, total)
-    for i, result in enumerate(results):
+    for i, sample in enumerate(sampled):
+        result = sample.result
         single = completion_body(
             req, result.version, [choices[i]], usage(len(prepared.prompt_tokens), len(result.tokens))
         )
-        await _record(request, state, req, prepared, result, finishes[i], messages[i], single, stream=False, index=i)
+        await _record(
+            request,
+            state,
+            req,
+            prepared,
+            result,
+            finishes[i],
+            messages[i],
+            single,
+            stream=req.stream,
+            index=i,
+            extra=capture_metadata(req.constraints, sample),
+        )
+    if req.stream:
+        return StreamingResponse(
+            _replay_as_stream(req, body),
+            media_type=SSE_MEDIA_TYPE,
+            headers={**SSE_HEADERS, **response_headers(req, version)},
+        )
     return JSONResponse(body, headers=response_headers(req, version))
+
+
+async def _replay_as_stream(req: ChatRequest, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A finished completion as chat.completion.chunk events: per choice the role, reasoning, content, each tool
+    call, then the finish reason; the usage chunk when asked for; [DONE]."""
+    base = {k: body[k] for k in ("id", "created", "model", "system_fingerprint")} | {"object": "chat.completion.chunk"}
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        payload: dict[str, Any] = {
+            **base,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        }
+        if req.include_usage:
+            payload["usage"] = None
+        return data_frame(payload)
+
+    for choice in body["choices"]:
+        index, message = choice["index"], choice["message"]
+        yield chunk(index, {"role": "assistant", "content": ""})
+        if message.get("reasoning_content"):
+            yield chunk(index, {"reasoning_content": message["reasoning_content"]})
+        if message.get("content"):
+            yield chunk(index, {"content": message["content"]})
+        for k, call in enumerate(message.get("tool_calls") or []):
+            yield chunk(index, {"tool_calls": [{"index": k, **call}]})
+        yield chunk(index, {}, choice["finish_reason"], choice["logprobs"])
+    if req.include_usage:
+        yield data_frame({**base, "choices": [], "usage": body["usage"]})
+    yield DONE_FRAME
 
 
 async def _record(
@@ -299,6 +409,7 @@ async def _record(
     *,
     stream: bool,
     index: int,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     exchange = build_exchange(
         api="openai",
@@ -314,6 +425,7 @@ async def _record(
         stream=stream,
         choice_index=index,
         request_id=req.request_id,
+        extra_metadata=extra,
     )
     await state.recorder.record(exchange)
 

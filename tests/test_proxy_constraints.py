@@ -1,0 +1,377 @@
+"""Enforced reply constraints (proxy/constraints.py) through the real openai and anthropic SDKs.
+
+tool_choice required / any / named, one tool call at most (parallel_tool_calls false, disable_parallel_tool_use),
+and OpenAI response_format JSON: each checked on plain and streamed requests against a scripted FakeBackend, so the
+number of samples drawn (``backend.calls``) and what was captured are exact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from openclaw_cli.proxy import BackgroundServer, create_app
+from openclaw_cli.proxy.constraints import ReplyConstraints, json_violation, schema_violation
+from openclaw_cli.settings import Settings
+from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink
+from openclaw_cli.types import ParsedAssistant, ToolCall
+
+
+def _function(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name} tool.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    }
+
+
+OPENAI_TOOLS = [_function("search"), _function("calculator")]
+ANTHROPIC_TOOLS = [
+    {"name": t["function"]["name"], "description": "x", "input_schema": t["function"]["parameters"]}
+    for t in OPENAI_TOOLS
+]
+USER = [{"role": "user", "content": "Find it."}]
+
+
+def call(name: str, q: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"q": "{q}"}}}}\n</tool_call>'
+
+
+TWO_CALLS = "Two at once.\n" + call("search", "a") + "\n" + call("calculator", "1+1")
+
+
+@dataclass
+class Proxy:
+    backend: FakeBackend
+    sink: MemorySink
+    server: BackgroundServer
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.server.base_url + "/v1", api_key="sk-test", max_retries=0)
+
+    def anthropic(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.server.base_url, api_key="sk-ant-test", max_retries=0)
+
+
+@pytest.fixture
+def make_proxy(tiny_tokenizer) -> Iterator[Callable[..., Proxy]]:
+    servers: list[BackgroundServer] = []
+
+    def make(*replies: str, retries: int = 2) -> Proxy:
+        backend = FakeBackend(tiny_tokenizer, replies, default_reply="(script ran out)")
+        sink = MemorySink()
+        settings = Settings.model_validate({"proxy": {"tool_choice_retries": retries}})
+        server = BackgroundServer(create_app(backend, sink, settings)).start()
+        servers.append(server)
+        return Proxy(backend, sink, server)
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def openai_stream(proxy: Proxy, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """All chunks of a streamed chat completion, and the message they add up to."""
+    chunks = list(proxy.openai().chat.completions.create(model="openclaw", stream=True, **kwargs))
+    content, calls, finish = "", [], None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            calls += [(c.function.name, json.loads(c.function.arguments)) for c in choice.delta.tool_calls or []]
+            finish = choice.finish_reason or finish
+    return chunks, {"content": content, "calls": calls, "finish": finish}
+
+
+# -- tool_choice: OpenAI ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_required_resamples_until_a_tool_call(make_proxy, stream):
+    proxy = make_proxy("I will not call anything.", "Still no call.", call("calculator", "2*3"))
+    kwargs = {"messages": USER, "tools": OPENAI_TOOLS, "tool_choice": "required", "seed": 5}
+    if stream:
+        chunks, got = openai_stream(proxy, **kwargs)
+        assert got["calls"] == [("calculator", {"q": "2*3"})]
+        assert got["finish"] == "tool_calls"
+        assert len(chunks) > 1
+    else:
+        reply = proxy.openai().chat.completions.create(model="openclaw", **kwargs)
+        (tc,) = reply.choices[0].message.tool_calls
+        assert (tc.function.name, json.loads(tc.function.arguments)) == ("calculator", {"q": "2*3"})
+        assert reply.choices[0].finish_reason == "tool_calls"
+    assert len(proxy.backend.calls) == 3  # two rejected samples, then the one returned
+    assert [c.params.seed for c in proxy.backend.calls] == [5, 6, 7]  # each resample is a fresh draw
+    (exchange,) = proxy.sink.exchanges  # only the returned sample is captured
+    assert exchange.metadata["samples_drawn"] == 3
+    assert exchange.stream is stream
+    assert exchange.assistant_message["tool_calls"][0]["function"]["name"] == "calculator"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_required_gives_502_in_openai_format_when_no_sample_calls(make_proxy, stream):
+    proxy = make_proxy("no", "no", "no", "never reached")
+    with pytest.raises(openai.InternalServerError) as info:
+        proxy.openai().chat.completions.create(
+            model="openclaw", messages=USER, tools=OPENAI_TOOLS, tool_choice="required", stream=stream
+        )
+    assert info.value.status_code == 502
+    assert info.value.response.headers["x-should-retry"] == "false"
+    error = info.value.body
+    assert error["type"] == "server_error"
+    assert error["code"] == "constraint_not_met"
+    assert error["param"] == "tool_choice"
+    assert "did not produce the required tool call" in error["message"]
+    assert "tried 3 samples" in error["message"]
+    assert len(proxy.backend.calls) == 3  # 1 + proxy.tool_choice_retries (2)
+    assert proxy.sink.exchanges == []
+
+
+def test_openai_named_function_rejects_a_call_to_another_tool(make_proxy):
+    # The named choice shows the model only "search"; a call to "calculator" is not what was asked for.
+    proxy = make_proxy(call("calculator", "1"), call("search", "cats"))
+    reply = proxy.openai().chat.completions.create(
+        model="openclaw",
+        messages=USER,
+        tools=OPENAI_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "search"}},
+    )
+    assert [c.function.name for c in reply.choices[0].message.tool_calls] == ["search"]
+    assert len(proxy.backend.calls) == 2
+
+
+def test_openai_retries_zero_means_one_sample(make_proxy):
+    proxy = make_proxy("no call", call("search", "x"), retries=0)
+    with pytest.raises(openai.InternalServerError):
+        proxy.openai().chat.completions.create(
+            model="openclaw", messages=USER, tools=OPENAI_TOOLS, tool_choice="required"
+        )
+    assert len(proxy.backend.calls) == 1
+
+
+def test_openai_auto_is_not_checked(make_proxy):
+    proxy = make_proxy("Plain answer.")
+    reply = proxy.openai().chat.completions.create(model="openclaw", messages=USER, tools=OPENAI_TOOLS)
+    assert reply.choices[0].message.content == "Plain answer."
+    assert len(proxy.backend.calls) == 1
+    assert "samples_drawn" not in proxy.sink.exchanges[0].metadata
+
+
+# -- parallel_tool_calls=false ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_parallel_false_returns_only_the_first_call(make_proxy, tiny_tokenizer, stream):
+    proxy = make_proxy(TWO_CALLS)
+    kwargs = {"messages": USER, "tools": OPENAI_TOOLS, "parallel_tool_calls": False}
+    if stream:
+        _, got = openai_stream(proxy, **kwargs)
+        assert got["calls"] == [("search", {"q": "a"})]
+        assert got["content"] == "Two at once."
+        assert got["finish"] == "tool_calls"
+    else:
+        message = proxy.openai().chat.completions.create(model="openclaw", **kwargs).choices[0].message
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+            ("search", {"q": "a"})
+        ]
+    (exchange,) = proxy.sink.exchanges
+    # The tokens stay what the model wrote (both calls); what the client saw has one, and the metadata says so.
+    assert exchange.completion_tokens == [*tiny_tokenizer.encode(TWO_CALLS), tiny_tokenizer.eos_token_ids[0]]
+    assert len(exchange.assistant_message["tool_calls"]) == 1
+    assert len(exchange.response["choices"][0]["message"]["tool_calls"]) == 1
+    assert exchange.metadata["tool_calls_dropped"] == 1
+    assert len(proxy.backend.calls) == 1  # nothing to resample
+
+
+def test_openai_parallel_true_keeps_every_call(make_proxy):
+    proxy = make_proxy(TWO_CALLS)
+    message = (
+        proxy.openai()
+        .chat.completions.create(model="openclaw", messages=USER, tools=OPENAI_TOOLS, parallel_tool_calls=True)
+        .choices[0]
+        .message
+    )
+    assert [c.function.name for c in message.tool_calls] == ["search", "calculator"]
+
+
+# -- response_format -------------------------------------------------------------------------------------------------
+
+SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "answer",
+        "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_json_object_resamples_until_the_reply_parses(make_proxy, stream):
+    proxy = make_proxy("Sure! Here it is: {", '```json\n{"a": 1}\n```', ' {"city": "Paris"}\n')
+    kwargs = {"messages": USER, "response_format": {"type": "json_object"}}
+    if stream:
+        _, got = openai_stream(proxy, **kwargs)
+        content = got["content"]
+    else:
+        content = proxy.openai().chat.completions.create(model="openclaw", **kwargs).choices[0].message.content
+    assert json.loads(content) == {"city": "Paris"}
+    assert len(proxy.backend.calls) == 3  # the half reply and the fenced one are both rejected
+
+
+def test_openai_json_object_rejects_a_non_object(make_proxy):
+    proxy = make_proxy("[1, 2]", "42", '"text"')
+    with pytest.raises(openai.InternalServerError) as info:
+        proxy.openai().chat.completions.create(model="openclaw", messages=USER, response_format={"type": "json_object"})
+    assert "not a JSON object" in info.value.body["message"]
+    assert info.value.body["param"] == "response_format"
+
+
+def test_openai_json_schema_checks_required_keys(make_proxy):
+    proxy = make_proxy('{"country": "France"}', '{"city": "Paris"}')
+    reply = proxy.openai().chat.completions.create(model="openclaw", messages=USER, response_format=SCHEMA_FORMAT)
+    assert json.loads(reply.choices[0].message.content) == {"city": "Paris"}
+    assert len(proxy.backend.calls) == 2
+
+
+def test_openai_json_mode_does_not_apply_to_tool_calls(make_proxy):
+    proxy = make_proxy(call("search", "x"))
+    reply = proxy.openai().chat.completions.create(
+        model="openclaw", messages=USER, tools=OPENAI_TOOLS, response_format={"type": "json_object"}
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert len(proxy.backend.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        {"type": "yaml"},
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"name": "a", "schema": 3}},
+        {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "no-such-type"}}},
+    ],
+)
+def test_openai_bad_response_format_is_400(make_proxy, fmt):
+    proxy = make_proxy("x")
+    r = httpx.post(
+        proxy.server.base_url + "/v1/chat/completions",
+        json={"model": "openclaw", "messages": USER, "response_format": fmt},
+        headers={"authorization": "Bearer sk-test"},
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "response_format"
+    assert proxy.backend.calls == []
+
+
+def test_openai_n2_resamples_only_the_failing_choice(make_proxy):
+    # Choices are sampled concurrently, but FakeBackend hands out replies in call order: choice 0 gets the first.
+    proxy = make_proxy(call("search", "a"), "no call", call("search", "b"))
+    reply = proxy.openai().chat.completions.create(
+        model="openclaw", messages=USER, tools=OPENAI_TOOLS, tool_choice="required", n=2
+    )
+    args = [json.loads(c.message.tool_calls[0].function.arguments)["q"] for c in reply.choices]
+    assert sorted(args) == ["a", "b"]
+    assert len(proxy.backend.calls) == 3
+    assert sorted(e.metadata["samples_drawn"] for e in proxy.sink.exchanges) == [1, 2]
+
+
+# -- Anthropic -------------------------------------------------------------------------------------------------------
+
+
+def anthropic_create(proxy: Proxy, stream: bool, **kwargs: Any) -> anthropic.types.Message:
+    client = proxy.anthropic()
+    args = {"model": "openclaw", "max_tokens": 200, "messages": USER, "tools": ANTHROPIC_TOOLS, **kwargs}
+    if not stream:
+        return client.messages.create(**args)
+    with client.messages.stream(**args) as events:
+        kinds = [event.type for event in events]
+        message = events.get_final_message()
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_stop"
+    return message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_any_resamples_until_a_tool_use(make_proxy, stream):
+    proxy = make_proxy("No tools for me.", call("search", "dogs"))
+    message = anthropic_create(proxy, stream, tool_choice={"type": "any"})
+    (block,) = message.content
+    assert (block.type, block.name, block.input) == ("tool_use", "search", {"q": "dogs"})
+    assert block.id.startswith("toolu_")
+    assert message.stop_reason == "tool_use"
+    assert len(proxy.backend.calls) == 2
+    (exchange,) = proxy.sink.exchanges
+    assert exchange.metadata["samples_drawn"] == 2
+    assert exchange.stream is stream
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_named_tool_error_is_anthropic_format(make_proxy, stream):
+    proxy = make_proxy(call("calculator", "1"), "text", call("calculator", "2"))
+    with pytest.raises(anthropic.InternalServerError) as info:
+        anthropic_create(proxy, stream, tool_choice={"type": "tool", "name": "search"})
+    assert info.value.status_code == 502
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "api_error", "message": info.value.body["error"]["message"]},
+    }
+    assert "instead of the required tool ('search')" in info.value.body["error"]["message"]
+    assert len(proxy.backend.calls) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_disable_parallel_tool_use_keeps_the_first_call(make_proxy, stream):
+    proxy = make_proxy(TWO_CALLS)
+    message = anthropic_create(proxy, stream, tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    assert [(b.type, getattr(b, "name", None)) for b in message.content] == [("text", None), ("tool_use", "search")]
+    assert message.content[0].text == "Two at once."
+    (exchange,) = proxy.sink.exchanges
+    assert exchange.metadata["tool_calls_dropped"] == 1
+    assert [b["type"] for b in exchange.response["content"]] == ["text", "tool_use"]
+
+
+def test_anthropic_any_with_parallel_disabled_checks_the_visible_call(make_proxy):
+    # The first call is the only one the client sees, so it alone decides whether the reply counts.
+    proxy = make_proxy(call("nonexistent", "a") + "\n" + call("search", "b"), call("search", "c"))
+    message = anthropic_create(proxy, False, tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    assert [b.input for b in message.content] == [{"q": "c"}]
+    assert len(proxy.backend.calls) == 2
+
+
+def test_anthropic_auto_streams_token_by_token(make_proxy):
+    # Unconstrained requests keep the incremental path (many text deltas), unlike the buffered constrained ones.
+    proxy = make_proxy("one two three four five six")
+    with proxy.anthropic().messages.stream(model="openclaw", max_tokens=50, messages=USER) as events:
+        deltas = [e for e in events if e.type == "content_block_delta"]
+    assert len(deltas) > 2
+
+
+# -- the checks themselves -------------------------------------------------------------------------------------------
+
+
+def test_violation_rules():
+    named = ReplyConstraints(tool_names=frozenset({"search"}))
+    search, calc = ToolCall("c1", "search", "{}"), ToolCall("c2", "calculator", "{}")
+    assert named.violation(ParsedAssistant("hi")) == "the model did not produce the required tool call"
+    assert named.violation(ParsedAssistant("", [search])) is None
+    assert "'calculator'" in (named.violation(ParsedAssistant("", [search, calc])) or "")
+    single = ReplyConstraints(tool_names=frozenset({"search"}), single_tool_call=True)
+    assert single.violation(ParsedAssistant("", [search, calc])) is None  # the client sees only the first
+    assert single.visible(ParsedAssistant("", [search, calc])).tool_calls == [search]
+    assert json_violation(' {"a": 1} ', "object", None) is None
+    assert json_violation("{'a': 1}", "object", None) is not None
+    assert json_violation("[]", "schema", None) is None  # json_schema without a schema: parse check only
+    assert schema_violation({"a": 1}, {"type": "object", "required": ["b"]}) is not None
+    assert schema_violation([1], {"type": "object"}) is not None
+    nested = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+    assert schema_violation({"n": -1}, nested) is not None  # below the top level: full validation
+    assert schema_violation({"n": 3}, nested) is None
