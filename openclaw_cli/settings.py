@@ -196,6 +196,13 @@ class ProxySettings(_Section):
     max_in_flight: int = Field(
         64, ge=1, description="Chat requests served at once; more get 429 (OpenAI) / 529 (Anthropic) + Retry-After."
     )
+    tool_choice_retries: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Extra samples drawn when a reply misses tool_choice required/any/named or OpenAI "
+        "response_format JSON (no constrained decoding); after that the request fails with 502.",
+    )
 
 
 class TrainEnvSettings(_Section):
@@ -223,6 +230,21 @@ class TrainEnvSettings(_Section):
     env_args: list[str] = Field(
         default_factory=list,
         description='Options for the env as "KEY=VALUE" strings (RolloutContext.env_args; a later KEY wins).',
+    )
+    max_failed_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A failed rollout drops its group from the step; the run stops when more than this fraction "
+        "of a step's rollouts fail (0 = stop at the first failure).",
+    )
+    checkpoint_every: int = Field(
+        5, ge=0, description="Save the backend state and a resume manifest every N steps (0 = never)."
+    )
+    store: Path | None = Field(
+        None,
+        description="SQLite store to record each step's metrics in (for `openclaw eval --plot`); must not be the "
+        "online store.path, whose steps table the online trainer numbers.",
     )
 
     @field_validator("env_args")

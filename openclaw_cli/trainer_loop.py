@@ -56,12 +56,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openclaw_cli.algorithms import RunningBaseline, TrainSample, build_datums, ppo_loss_config, teacher_messages
+from openclaw_cli.algorithms import (
+    RunningBaseline,
+    TrainSample,
+    adam_params_from,
+    build_datums,
+    ppo_loss_config,
+    teacher_messages,
+)
 from openclaw_cli.backend import Backend
 from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
-from openclaw_cli.types import AdamParams, PolicyVersion
+from openclaw_cli.types import PolicyVersion
 
 log = logging.getLogger("openclaw.trainer")
 
@@ -350,13 +357,7 @@ class TrainerLoop:
         if self._can_discard:
             await self.backend.discard_gradients()  # a failed earlier attempt may have left some behind
         fb = await self.backend.forward_backward(datums, "ppo", ppo_loss_config(train))
-        adam = AdamParams(
-            learning_rate=train.lr,
-            beta1=train.adam_beta1,
-            beta2=train.adam_beta2,
-            weight_decay=train.weight_decay,
-            grad_clip_norm=train.grad_clip_norm,
-        )
+        adam = adam_params_from(train)
         self._weights_ahead = True  # a cancelled optim_step still finishes in its worker thread
         try:
             optim = await self.backend.optim_step(adam)

@@ -9,11 +9,26 @@ from openclaw_cli.algorithms.binary_rl import RunningBaseline, binary_rl_advanta
 from openclaw_cli.algorithms.datums import TrainSample, build_datums, ppo_loss_config
 from openclaw_cli.algorithms.hybrid import hybrid_advantages
 from openclaw_cli.algorithms.opd import HINT_HEADER, opd_advantages, teacher_messages
+from openclaw_cli.settings import TrainSettings
+from openclaw_cli.types import AdamParams
+
+
+def adam_params_from(train: TrainSettings) -> AdamParams:
+    """The optimizer settings of one ``optim_step`` from ``[train]`` (shared by the online and the env trainer)."""
+    return AdamParams(
+        learning_rate=train.lr,
+        beta1=train.adam_beta1,
+        beta2=train.adam_beta2,
+        weight_decay=train.weight_decay,
+        grad_clip_norm=train.grad_clip_norm,
+    )
+
 
 __all__ = [
     "HINT_HEADER",
     "RunningBaseline",
     "TrainSample",
+    "adam_params_from",
     "binary_rl_advantages",
     "build_datums",
     "hybrid_advantages",

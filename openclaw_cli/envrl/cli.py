@@ -3,6 +3,10 @@
 Flags override ``[train_env]`` in the config file, which overrides the defaults; ``--set`` reaches everything else
 (e.g. ``--set train.lr=5e-5``). At the end the trained state is saved with the backend's ``save_state`` (under
 ``local.state_dir`` for the local backend) unless ``--no-save``.
+
+Every ``train_env.checkpoint_every`` steps the run is checkpointed (:mod:`openclaw_cli.envrl.checkpoints`);
+``--resume RUN`` (or ``latest``, or ``RUN@STEP``) continues it from its last checkpoint with the run's own
+``[train_env]`` settings, flags and ``--set train_env.*`` still winning (e.g. ``--steps 20`` to extend it).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from openclaw_cli.envrl.checkpoints import RunManifest
     from openclaw_cli.envrl.custom_loss import CustomLoss
     from openclaw_cli.envrl.hooks import Env
     from openclaw_cli.envrl.rollout import RewardFn
@@ -68,6 +73,10 @@ def train_command(
         str | None, typer.Option("--save", help="Name of the saved state (default envrl-<date>-<time>).")
     ] = None,
     no_save: Annotated[bool, typer.Option("--no-save", help="Do not save the trained state.")] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option("--resume", metavar="RUN", help="Continue a checkpointed run: its name, RUN@STEP, or latest."),
+    ] = None,
     metrics: Annotated[
         Path | None, typer.Option("--metrics", help="Also write one JSON line of metrics per step here.")
     ] = None,
@@ -75,8 +84,15 @@ def train_command(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
 ) -> None:
     """Train the policy with RL on an environment (GRPO groups, PPO loss), then save it."""
+    from openclaw_cli.envrl.checkpoints import (
+        ResumeError,
+        check_run_name,
+        find_manifest,
+        manifest_mismatches,
+        read_manifest,
+    )
     from openclaw_cli.envrl.hooks import HookError, resolve_env, resolve_loss, resolve_reward
-    from openclaw_cli.settings import SettingsError, load_settings, parse_overrides
+    from openclaw_cli.settings import SettingsError, TrainEnvSettings, load_settings, parse_overrides
 
     flags = {
         "env": env,
@@ -99,12 +115,23 @@ def train_command(
             raise SettingsError("--set train_env=... must name a key inside the section, e.g. train_env.steps=5")
         section.update({k: v for k, v in flags.items() if v is not None})
         settings = load_settings(overrides, config=config)
+        manifest = None
+        if resume is not None:
+            manifest = read_manifest(find_manifest(settings.local.state_dir, resume))
+            # The run's own settings, so it continues as it started; what was given explicitly now still wins.
+            settings.train_env = TrainEnvSettings(**{**manifest.train_env, **section})
+            mismatches = manifest_mismatches(
+                manifest, env=settings.train_env.env, seed=settings.train_env.seed, backend=settings.backend
+            )
+            if mismatches:
+                raise ResumeError(f"run {manifest.run!r} step {manifest.step} was saved with " + ", ".join(mismatches))
+        run_name = check_run_name(manifest.run if manifest else (save or time.strftime("envrl-%Y%m%d-%H%M%S")))
         bad = [pair for pair in env_arg or [] if "=" not in pair or not pair.partition("=")[0].strip()]
         if bad:
             raise SettingsError(f"--env-arg expects KEY=VALUE, got {bad[0]!r}")
         if env_arg:  # after the configured ones, so a flag wins over the same key in the config file
             settings.train_env.env_args = [*settings.train_env.env_args, *env_arg]
-    except (SettingsError, ValueError) as exc:
+    except (SettingsError, ValueError, ResumeError) as exc:
         raise _fail(str(exc), EXIT_REFUSED) from None
     spec = settings.train_env
     if not spec.env:
@@ -116,8 +143,10 @@ def train_command(
     except HookError as exc:
         raise _fail(str(exc), EXIT_REFUSED) from None
 
-    save_name = None if no_save else (save or time.strftime("envrl-%Y%m%d-%H%M%S"))
-    history, saved = _run_with_progress(settings, env_hook, reward_hook, loss_hook, save_name, metrics)
+    save_name = None if no_save else (save or run_name)
+    history, saved = _run_with_progress(
+        settings, env_hook, reward_hook, loss_hook, save_name, metrics, run_name=run_name, resume=manifest
+    )
     from rich.console import Console
 
     console = Console()
@@ -130,6 +159,22 @@ def train_command(
         )
     if saved:
         console.print(f"saved trained state to {saved}", soft_wrap=True, highlight=False)
+    if _has_checkpoint(settings, run_name):
+        console.print(
+            f"checkpoints every {spec.checkpoint_every} steps; continue with `openclaw train --resume {run_name}`",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+def _has_checkpoint(settings: Settings, run_name: str) -> bool:
+    from openclaw_cli.envrl.checkpoints import ResumeError, find_manifest
+
+    try:
+        find_manifest(settings.local.state_dir, run_name)
+    except ResumeError:
+        return False
+    return True
 
 
 def _run_with_progress(
@@ -139,12 +184,18 @@ def _run_with_progress(
     loss: str | CustomLoss,
     save_name: str | None,
     metrics_path: Path | None,
+    *,
+    run_name: str,
+    resume: RunManifest | None = None,
 ) -> tuple[list[StepStats], str | None]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from openclaw_cli.backend import BackendError
+    from openclaw_cli.envrl.checkpoints import ResumeError
     from openclaw_cli.envrl.custom_loss import CustomLossError
     from openclaw_cli.envrl.trainer import RolloutError, train_on_env
+    from openclaw_cli.settings import SettingsError
+    from openclaw_cli.store import StoreError
 
     spec = settings.train_env
     per_step = spec.group_size * spec.prompts_per_step
@@ -164,7 +215,13 @@ def _run_with_progress(
         soft_wrap=True,
         highlight=False,
     )
-    task = progress.add_task(f"step 1/{spec.steps}", total=spec.steps * per_step)
+    first_step = resume.step + 1 if resume else 1
+    if resume:
+        progress.console.print(
+            f"resuming run {resume.run} after step {resume.step} ({resume.checkpoint})", soft_wrap=True, highlight=False
+        )
+    remaining = max(spec.steps - first_step + 1, 0)
+    task = progress.add_task(f"step {min(first_step, spec.steps)}/{spec.steps}", total=remaining * per_step)
 
     def on_rollout() -> None:
         progress.advance(task)
@@ -180,10 +237,18 @@ def _run_with_progress(
         with progress:
             return asyncio.run(
                 train_on_env(
-                    settings, env, reward_fn=reward, loss=loss, save=save_name, on_rollout=on_rollout, on_step=on_step
+                    settings,
+                    env,
+                    reward_fn=reward,
+                    loss=loss,
+                    save=save_name,
+                    on_rollout=on_rollout,
+                    on_step=on_step,
+                    run_name=run_name,
+                    resume=resume,
                 )
             )
-    except (RolloutError, BackendError, CustomLossError) as exc:
+    except (RolloutError, BackendError, CustomLossError, ResumeError, SettingsError, StoreError) as exc:
         raise _fail(str(exc)) from None
     finally:
         if metrics_file is not None:

@@ -12,30 +12,53 @@ Each step:
    (:mod:`openclaw_cli.envrl.custom_loss`), then ``optim_step`` with the ``train.*`` Adam settings, then
    ``publish``. A step whose groups are all skipped trains nothing and publishes nothing.
 
-Only the :class:`~openclaw_cli.backend.Backend` protocol is used, so it runs on any backend. A rollout that raises
-stops the run with :class:`RolloutError` naming the step, group and member: training on a silently broken
-environment would only teach the policy noise.
+Only the :class:`~openclaw_cli.backend.Backend` protocol is used, so it runs on any backend.
+
+Failures: a rollout (or reward hook) that raises is logged with its step, group and member, and its whole group is
+dropped from the step (GRPO advantages of a group missing a member are biased); the step's ``failed_rollouts`` and
+``failed_groups`` count them. When more than ``train_env.max_failed_fraction`` of a step's rollouts fail, the run
+stops with :class:`RolloutError` naming the first failure: training on a mostly broken environment would only teach
+the policy noise.
+
+Checkpoints: with a run name, every ``train_env.checkpoint_every`` steps the backend state is saved and a manifest
+written (:mod:`openclaw_cli.envrl.checkpoints`); :meth:`EnvTrainer.resume` loads one and the run continues at the
+next step with the same seeded tasks (seeds derive from ``(seed, step, group[, member])``, never from history).
+With a store, every step's metrics are recorded in its ``steps`` table (tagged ``"source": "env"``) for
+``openclaw eval --plot``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from openclaw_cli.algorithms import ppo_loss_config
-from openclaw_cli.backend import Backend
+from openclaw_cli.algorithms import adam_params_from, ppo_loss_config
+from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.envrl.batch import ScoredGroup, TrainTurn, score_group, to_datums, train_turns
+from openclaw_cli.envrl.checkpoints import (
+    ResumeError,
+    RunManifest,
+    check_run_name,
+    checkpoint_state_name,
+    manifest_mismatches,
+    write_manifest,
+)
 from openclaw_cli.envrl.custom_loss import CustomLoss, forward_backward_custom
 from openclaw_cli.envrl.hooks import BUILTIN_LOSSES, Env, maybe_await
 from openclaw_cli.envrl.rollout import BackendPolicy, RewardFn, RolloutContext, Trajectory, derive_seed
-from openclaw_cli.settings import Settings, TrainSettings
-from openclaw_cli.types import AdamParams, FwdBwdResult
+from openclaw_cli.settings import Settings, SettingsError
+from openclaw_cli.store import Store
+from openclaw_cli.types import FwdBwdResult
+
+log = logging.getLogger("openclaw.envrl")
 
 SOLVED_THRESHOLD = 1.0  # a trajectory that does not say whether it solved its task counts as solved at this return
 
@@ -62,33 +85,53 @@ class StepStats:
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
+    failed_rollouts: int = 0
+    failed_groups: int = 0  # dropped from the step (not counted in ``groups``)
 
     def line(self) -> str:
         """The per-step metrics line the CLI prints."""
         loss = "-" if self.loss is None else f"{self.loss:.3g}"
         trained = f"v{self.published_version}" if self.published_version is not None else "no signal, not trained"
+        failed = (
+            f", {self.failed_rollouts} rollouts failed ({self.failed_groups} groups dropped)"
+            if self.failed_rollouts
+            else ""
+        )
         return (
-            f"step {self.step}: reward {self.mean_reward:.3f}, solved {self.solved_fraction:.0%}, "
-            f"{self.sampled_tokens} tokens, {self.groups - self.groups_skipped}/{self.groups} groups trained, "
+            f"step {self.step}: reward {_fmt(self.mean_reward, '.3f')}, solved {_fmt(self.solved_fraction, '.0%')}, "
+            f"{self.sampled_tokens} tokens, {self.groups - self.groups_skipped}/{self.groups} groups trained{failed}, "
             f"loss {loss}, {trained} ({self.seconds:.1f}s)"
         )
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-able (a NaN mean of a step whose groups all failed becomes null)."""
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepStats:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key in ("mean_reward", "solved_fraction"):
+            if known.get(key) is None:
+                known[key] = math.nan
+        return cls(**known)
 
 
-def adam_params(train: TrainSettings) -> AdamParams:
-    return AdamParams(
-        learning_rate=train.lr,
-        beta1=train.adam_beta1,
-        beta2=train.adam_beta2,
-        weight_decay=train.weight_decay,
-        grad_clip_norm=train.grad_clip_norm,
-    )
+def _fmt(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "-"
+
+
+@dataclass
+class RolloutFailure:
+    group: int
+    member: int
+    error: RolloutError
 
 
 class EnvTrainer:
-    """Runs ``settings.train_env.steps`` GRPO steps of ``env`` on a started backend (module docstring)."""
+    """Runs ``settings.train_env.steps`` GRPO steps of ``env`` on a started backend (module docstring).
+
+    ``run_name`` turns on mid-run checkpoints (every ``train_env.checkpoint_every`` steps); ``store`` records each
+    step's metrics in that store's ``steps`` table."""
 
     def __init__(
         self,
@@ -100,6 +143,8 @@ class EnvTrainer:
         loss: str | CustomLoss = "ppo",
         on_rollout: Callable[[], None] | None = None,
         on_step: Callable[[StepStats], None] | None = None,
+        run_name: str | None = None,
+        store: Store | None = None,
     ) -> None:
         if isinstance(loss, str) and loss not in BUILTIN_LOSSES:
             raise ValueError(f"loss must be one of {', '.join(BUILTIN_LOSSES)} or a custom loss function, got {loss!r}")
@@ -111,20 +156,76 @@ class EnvTrainer:
         self.loss = loss
         self.on_rollout = on_rollout
         self.on_step = on_step
+        self.run_name = check_run_name(run_name) if run_name is not None else None
+        self.store = store
+        self.history: list[StepStats] = []  # every step of the run so far, resumed ones included
+        self.next_step = 1
+        self.checkpoints: list[tuple[int, str, Path]] = []  # (step, saved state, manifest) written by this trainer
+        self.checkpoint_errors: list[tuple[int, str]] = []
+
+    async def resume(self, manifest: RunManifest) -> None:
+        """Load the manifest's saved state and continue after its step, with its metrics as the history so far.
+
+        Refuses a manifest of another env, seed or backend: the run would not be the one it continues."""
+        mismatches = manifest_mismatches(
+            manifest, env=self.config.env, seed=self.config.seed, backend=self.settings.backend
+        )
+        if mismatches:
+            raise ResumeError(f"run {manifest.run!r} step {manifest.step} was saved with " + ", ".join(mismatches))
+        await self.backend.load_state(manifest.checkpoint)
+        self.run_name = self.run_name or manifest.run
+        self.history = [StepStats.from_json(h) for h in manifest.history]
+        self.next_step = manifest.step + 1
+        log.info("resumed run %s from step %d (%s)", manifest.run, manifest.step, manifest.checkpoint)
 
     async def run(self) -> list[StepStats]:
-        history = []
-        for step in range(1, self.config.steps + 1):
+        """Steps ``next_step .. train_env.steps``; returns the whole history (resumed steps first)."""
+        for step in range(self.next_step, self.config.steps + 1):
             stats = await self.run_step(step)
-            history.append(stats)
+            self.history.append(stats)
+            self.next_step = step + 1
+            if self.store is not None:
+                row = self.store_metrics(stats)
+                await asyncio.to_thread(self.store.record_step, step, stats.published_version, row)
+            every = self.config.checkpoint_every
+            if self.run_name is not None and every and step % every == 0:
+                try:
+                    await self.checkpoint(step)
+                except BackendError as exc:  # losing a checkpoint must not lose the run that is still going
+                    log.warning("checkpoint after step %d failed, training goes on without it: %s", step, exc)
+                    self.checkpoint_errors.append((step, str(exc)))
             if self.on_step is not None:
                 self.on_step(stats)
-        return history
+        return list(self.history)
+
+    def store_metrics(self, stats: StepStats) -> dict[str, Any]:
+        """A step's row in the store: its stats (``mean_reward`` is what ``openclaw eval --plot`` draws), tagged so
+        env steps are told apart from the online trainer's."""
+        return {**stats.to_json(), "source": "env", "env": self.config.env, "run": self.run_name}
+
+    async def checkpoint(self, step: int) -> Path:
+        """Save the backend state after ``step``, then (so a manifest never points at a missing state) its manifest."""
+        assert self.run_name is not None
+        saved = await self.backend.save_state(checkpoint_state_name(self.run_name, step))
+        manifest = RunManifest(
+            run=self.run_name,
+            step=step,
+            checkpoint=saved,
+            backend=self.settings.backend,
+            model=self.settings.model,
+            env=self.config.env,
+            seed=self.config.seed,
+            train_env=self.config.model_dump(mode="json"),
+            history=[s.to_json() for s in self.history],
+        )
+        path = await asyncio.to_thread(write_manifest, self.settings.local.state_dir, manifest)
+        self.checkpoints.append((step, saved, path))
+        return path
 
     async def run_step(self, step: int) -> StepStats:
         started = time.monotonic()
         version = self.backend.current_version().version
-        groups = await self.collect(step, version)
+        groups, failures = await self.collect_with_failures(step, version)
         trajectories = [t for g in groups for t in g.trajectories]
         rewards = [r for g in groups for r in g.rewards]
         solved = [_solved(t, r) for t, r in zip(trajectories, rewards, strict=True)]
@@ -134,15 +235,15 @@ class EnvTrainer:
         metrics: dict[str, float] = {}
         if turns:
             fb = await self._forward_backward(turns)
-            optim = await self.backend.optim_step(adam_params(self.settings.train))
+            optim = await self.backend.optim_step(adam_params_from(self.settings.train))
             published = (await self.backend.publish(f"envrl-step-{step}")).version
             metrics = {**fb.metrics, **{k: float(v) for k, v in optim.metrics.items()}}
         return StepStats(
             step=step,
             version=version,
             published_version=published,
-            mean_reward=sum(rewards) / len(rewards),
-            solved_fraction=sum(solved) / len(solved),
+            mean_reward=sum(rewards) / len(rewards) if rewards else math.nan,
+            solved_fraction=sum(solved) / len(solved) if solved else math.nan,
             rollouts=len(trajectories),
             groups=len(groups),
             groups_skipped=sum(g.skipped for g in groups),
@@ -152,28 +253,52 @@ class EnvTrainer:
             seconds=time.monotonic() - started,
             metrics=metrics,
             rewards=rewards,
+            failed_rollouts=len(failures),
+            failed_groups=len({f.group for f in failures}),
         )
 
     async def collect(self, step: int, version: int) -> list[ScoredGroup]:
-        """Every rollout of a step, scored and grouped (group order is fixed, whatever finishes first)."""
+        """Every complete group of a step, scored (group order is fixed, whatever finishes first)."""
+        groups, _ = await self.collect_with_failures(step, version)
+        return groups
+
+    async def collect_with_failures(self, step: int, version: int) -> tuple[list[ScoredGroup], list[RolloutFailure]]:
+        """The step's complete groups, scored, and its failed rollouts (whose groups are left out). Raises
+        :class:`RolloutError` (from the first failure) when more than ``max_failed_fraction`` of them failed."""
         limit = asyncio.Semaphore(self.config.concurrency)
         groups, members = self.config.prompts_per_step, self.config.group_size
 
-        async def one(group: int, member: int) -> tuple[Trajectory, float]:
+        async def one(group: int, member: int) -> tuple[Trajectory, float] | RolloutFailure:
             async with limit:
-                result = await self._rollout(step, version, group, member)
+                try:
+                    result: tuple[Trajectory, float] | RolloutFailure = await self._rollout(
+                        step, version, group, member
+                    )
+                except RolloutError as exc:
+                    log.warning("%s; dropping group %d from step %d", exc, group, step, exc_info=exc.__cause__)
+                    result = RolloutFailure(group, member, exc)
             if self.on_rollout is not None:
                 self.on_rollout()
             return result
 
         results = await asyncio.gather(*(one(g, m) for g in range(groups) for m in range(members)))
+        failures = [r for r in results if isinstance(r, RolloutFailure)]
+        if len(failures) > self.config.max_failed_fraction * len(results):
+            first = failures[0].error
+            raise RolloutError(
+                f"{len(failures)} of {len(results)} rollouts of step {step} failed (more than "
+                f"train_env.max_failed_fraction={self.config.max_failed_fraction:g}); first: {first}"
+            ) from first
+        failed_groups = {f.group for f in failures}
         scored = []
         for g in range(groups):
-            chunk = results[g * members : (g + 1) * members]
+            if g in failed_groups:
+                continue
+            chunk = [r for r in results[g * members : (g + 1) * members] if not isinstance(r, RolloutFailure)]
             scored.append(
                 score_group([t for t, _ in chunk], [r for _, r in chunk], std_normalize=self.config.std_normalize)
             )
-        return scored
+        return scored, failures
 
     async def _rollout(self, step: int, version: int, group: int, member: int) -> tuple[Trajectory, float]:
         seed = self.config.seed
@@ -245,6 +370,21 @@ async def close_env(env: Env) -> None:
             return
 
 
+def open_env_store(settings: Settings) -> Store | None:
+    """The store ``train_env.store`` names (created if missing), or None when unset. Refuses the online store: its
+    trainer numbers the steps table and, on resume, deletes steps past its checkpoint, env rows included."""
+    path = settings.train_env.store
+    if path is None:
+        return None
+    target = Path(path).expanduser().resolve()
+    if target == Path(settings.store.path).expanduser().resolve():
+        raise SettingsError(
+            f"train_env.store {path} is the online store (store.path); give env runs their own file, then plot "
+            "it with `openclaw eval --plot-only --plot out.png --set store.path=<that file>`"
+        )
+    return Store(target)
+
+
 async def train_on_env(
     settings: Settings,
     env: Env,
@@ -255,20 +395,35 @@ async def train_on_env(
     save: str | None = None,
     on_rollout: Callable[[], None] | None = None,
     on_step: Callable[[StepStats], None] | None = None,
+    run_name: str | None = None,
+    resume: RunManifest | None = None,
 ) -> tuple[list[StepStats], str | None]:
-    """Start the configured backend (unless one is given, started), train, optionally ``save_state(save)``, close
-    what was opened here. Returns the step stats and the saved state's path (None without ``save``)."""
+    """Start the configured backend (unless one is given, started), optionally resume from a manifest, train
+    (checkpointing under ``run_name``, recording steps in ``train_env.store``), optionally ``save_state(save)``,
+    close what was opened here. Returns the step stats (resumed ones first) and the saved state's path (None
+    without ``save``)."""
     from openclaw_cli.backend import create_backend
 
+    store = open_env_store(settings)
     owned = backend is None
-    if backend is None:
-        backend = create_backend(settings)
     try:
+        if backend is None:
+            backend = create_backend(settings)
         if owned:
             await backend.start()
         trainer = EnvTrainer(
-            backend, settings, env, reward_fn=reward_fn, loss=loss, on_rollout=on_rollout, on_step=on_step
+            backend,
+            settings,
+            env,
+            reward_fn=reward_fn,
+            loss=loss,
+            on_rollout=on_rollout,
+            on_step=on_step,
+            run_name=run_name,
+            store=store,
         )
+        if resume is not None:
+            await trainer.resume(resume)
         history = await trainer.run()
         saved = await backend.save_state(save) if save else None
         return history, saved
@@ -276,5 +431,9 @@ async def train_on_env(
         try:
             await close_env(env)
         finally:
-            if owned:
-                await backend.close()
+            try:
+                if owned and backend is not None:
+                    await backend.close()
+            finally:
+                if store is not None:
+                    store.close()
