@@ -541,7 +541,7 @@ def status(
     flags = {"backend": backend, "model": model, "host": host, "port": port, "method": method}
     settings = _load(ctx, config, sets=sets, **flags).settings
     where = f"{settings.host}:{settings.port}"
-    url = f"http://{_connect_host(settings.host)}:{settings.port}{STATUS_PATH}"
+    url = f"http://{connect_host(settings.host)}:{settings.port}{STATUS_PATH}"
     headers = {}
     if _has_api_key(settings):
         assert settings.api_key is not None
@@ -570,8 +570,8 @@ def status(
     _stdout().print(table)
 
 
-def _connect_host(host: str) -> str:
-    # A server bound to every address is reached on loopback; IPv6 literals need brackets in a URL.
+def connect_host(host: str) -> str:
+    """The address a client dials: a wildcard bind is reached on loopback; IPv6 literals get brackets."""
     if host in ("0.0.0.0", ""):
         return "127.0.0.1"
     if host in ("::", "[::]"):

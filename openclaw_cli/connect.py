@@ -56,7 +56,7 @@ from typing import Annotated, Any
 import tomli_w
 import typer
 
-from openclaw_cli.cli import EXIT_REFUSED, CliFailure, ConfigOption, HostOption, PortOption, SetOption
+from openclaw_cli.cli import EXIT_REFUSED, CliFailure, ConfigOption, HostOption, PortOption, SetOption, connect_host
 from openclaw_cli.proxy.models import SIDE_ALIAS, ModelCatalog
 from openclaw_cli.settings import ENV_PREFIX, Settings, load_settings, parse_overrides
 
@@ -143,15 +143,6 @@ def endpoint_from_settings(settings: Settings) -> Endpoint:
     key = settings.api_key.get_secret_value() if settings.api_key is not None else ""
     root = f"http://{connect_host(settings.host)}:{settings.port}"
     return Endpoint(root_url=root, main_model=catalog.served_name, side_model=SIDE_ALIAS, key=key or None)
-
-
-def connect_host(host: str) -> str:
-    """The address a client dials: a wildcard bind is reached on loopback; IPv6 literals get brackets."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host in ("::", "[::]"):
-        return "[::1]"
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from openclaw_cli.cli import EXIT_FAILED, EXIT_REFUSED, CliFailure, _connect_host, _is_loopback
+from openclaw_cli.cli import EXIT_FAILED, EXIT_REFUSED, CliFailure, _is_loopback, connect_host
 from openclaw_cli.proxy.control import ROLLBACK_PATH, VERSIONS_PATH
 from openclaw_cli.settings import Settings, load_settings, parse_overrides
 
@@ -28,7 +28,7 @@ def _request(settings: Settings, method: str, path: str, body: dict[str, Any] | 
     import httpx
 
     where = f"{settings.host}:{settings.port}"
-    url = f"http://{_connect_host(settings.host)}:{settings.port}{path}"
+    url = f"http://{connect_host(settings.host)}:{settings.port}{path}"
     headers = {}
     if settings.api_key is not None and settings.api_key.get_secret_value():
         headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
