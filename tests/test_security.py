@@ -115,8 +115,6 @@ def _leaf_routes(routes: list[Any]) -> Iterator[Route]:
     for route in routes:
         if isinstance(route, Route):
             yield route
-        elif hasattr(route, "original_router"):  # FastAPI >= 0.165 wraps each included router
-            yield from _leaf_routes(route.original_router.routes)
         elif hasattr(route, "routes"):
             yield from _leaf_routes(route.routes)
         else:

@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy.anthropic_convert import (
@@ -58,7 +58,6 @@ from openclaw_cli.proxy.validation import check_counts, get_field, get_number, r
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, ToolCall
 
 log = logging.getLogger("openclaw.proxy.anthropic")
-router = APIRouter()
 INT32_MAX = 2**31 - 1  # samplers take top_k as int32
 
 
@@ -192,17 +191,15 @@ def response_headers(req: MessagesRequest, version: int) -> dict[str, str]:
 # -- endpoints -----------------------------------------------------------------------------------------------------
 
 
-@router.post("/v1/messages/count_tokens")
-async def count_tokens(request: Request) -> dict[str, int]:
+async def count_tokens(request: Request) -> JSONResponse:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     state.catalog.resolve(get_field(body, "model", str, required=True))
     messages, tools, _ = _conversation(body, state)
     prompt = await render_prompt(state.backend, messages, tools)
-    return {"input_tokens": len(prompt)}
+    return JSONResponse({"input_tokens": len(prompt)})
 
 
-@router.post("/v1/messages")
 async def create_message(request: Request) -> Response:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
@@ -433,3 +430,9 @@ async def _finish(
         req, content_blocks(received, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
     )
     await _record(request, state, req, prepared, result, str(stop[0]), assistant_message(received, calls), body, True)
+
+
+routes = [
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route("/v1/messages", create_message, methods=["POST"]),
+]

@@ -1,4 +1,4 @@
-"""The proxy's FastAPI application: both chat APIs, model listing, health, status and session control.
+"""The proxy's ASGI application (Starlette): both chat APIs, model listing, health, status and session control.
 
 Every error leaves in the caller's API format (see :mod:`openclaw_cli.proxy.errors`), including 404/405 for
 unknown routes and unexpected exceptions, so an SDK always raises its own typed error rather than failing to parse.
@@ -10,10 +10,12 @@ import logging
 import time
 from typing import Any
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openclaw_cli.backend import Backend, BackendError
@@ -21,7 +23,7 @@ from openclaw_cli.capture import CaptureSink
 from openclaw_cli.proxy import anthropic_api, openai_api
 from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
-from openclaw_cli.proxy.control import add_control_routes, read_section, version_status
+from openclaw_cli.proxy.control import read_section, version_control_routes, version_status
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response, from_backend_error, from_unexpected
 from openclaw_cli.proxy.limits import InFlightLimitMiddleware
 from openclaw_cli.proxy.models import ModelCatalog
@@ -59,14 +61,31 @@ class _UnexpectedErrorMiddleware:
             await error_response(from_unexpected(exc), api_for_path(scope["path"]))(scope, receive, send)
 
 
-def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -> FastAPI:
+def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -> Starlette:
     """The ASGI app serving ``backend`` (already started) and handing each completed reply to ``sink``.
 
     Raises :class:`~openclaw_cli.proxy.auth.ProxyConfigError` when ``settings.host`` is not loopback and no API key
     is set: an app meant for such a bind must carry a key whoever runs it.
+
+    A plain Starlette app: the handlers read and check their bodies themselves (see validation.py), so FastAPI's
+    dependency injection and response models would only add per-request work on the hot path.
     """
     check_bind(settings)
-    app = FastAPI(title="openclaw proxy", docs_url=None, redoc_url=None, openapi_url=None)
+    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    app = Starlette(
+        # Listed outermost first. The key check runs before the in-flight cap, so only requests that passed it
+        # take an in-flight slot.
+        middleware=[
+            Middleware(_UnexpectedErrorMiddleware),
+            Middleware(ApiKeyMiddleware, api_key=api_key),
+            Middleware(
+                InFlightLimitMiddleware,
+                max_in_flight=settings.proxy.max_in_flight,
+                retry_after_s=settings.proxy.retry_after_s,
+            ),
+        ],
+        exception_handlers=_error_handlers(),
+    )
     app.state.proxy = ProxyState(
         backend=backend,
         sink=sink,
@@ -76,24 +95,14 @@ def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -
             sink, timeout_s=settings.proxy.capture_timeout_s, max_backlog=settings.proxy.capture_max_backlog
         ),
     )
-    app.include_router(openai_api.router)
-    app.include_router(anthropic_api.router)
-    _add_control_routes(app)
-    add_control_routes(app)  # versions + rollback
-    _add_error_handlers(app)
-    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-    # Added first = innermost: only requests that passed the key check take an in-flight slot.
-    app.add_middleware(
-        InFlightLimitMiddleware,
-        max_in_flight=settings.proxy.max_in_flight,
-        retry_after_s=settings.proxy.retry_after_s,
+    # The generation endpoints first: the router tries routes in order.
+    app.router.routes.extend(
+        [*openai_api.routes, *anthropic_api.routes, *_control_routes(), *version_control_routes(app)]
     )
-    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    app.add_middleware(_UnexpectedErrorMiddleware)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _error_handlers() -> dict[Any, Any]:
     async def on_proxy_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ProxyError)
         return error_response(exc, api_for_path(request.url.path))
@@ -109,24 +118,19 @@ def _add_error_handlers(app: FastAPI) -> None:
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return error_response(ProxyError(exc.status_code, message, kind=kind), api_for_path(request.url.path))
 
-    app.add_exception_handler(ProxyError, on_proxy_error)
-    app.add_exception_handler(BackendError, on_backend_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    return {ProxyError: on_proxy_error, BackendError: on_backend_error, StarletteHTTPException: on_http_error}
 
 
-def _add_control_routes(app: FastAPI) -> None:
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+def _control_routes() -> list[Route]:
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
     # Claude Code warms its connection with an unauthenticated ``HEAD <ANTHROPIC_BASE_URL>`` at start-up; answering
     # it (rather than 404/401) keeps that probe, and any browser or load-balancer check of the root, clean.
-    @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> dict[str, str]:
-        return {"status": "ok", "service": "openclaw proxy"}
+    async def root(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "service": "openclaw proxy"})
 
-    @app.get("/v1/openclaw/status")
-    async def status(request: Request) -> dict[str, Any]:
+    async def status(request: Request) -> JSONResponse:
         state = proxy_state(request)
         version = state.backend.current_version()
         body: dict[str, Any] = {
@@ -153,13 +157,20 @@ def _add_control_routes(app: FastAPI) -> None:
             body["sink"] = await read_section(state, "sink", stats)
         for name, read in list(state.status_sections.items()):
             body[name] = await read_section(state, name, read)
-        return body
+        return JSONResponse(body)
 
-    @app.post("/v1/openclaw/sessions/{session_id}/end")
-    async def end_session(request: Request, session_id: str) -> JSONResponse:
+    async def end_session(request: Request) -> JSONResponse:
         state = proxy_state(request)
+        session_id = request.path_params["session_id"]
         end = getattr(state.sink, "end_session", None)
         if end is None:
             raise ProxyError(501, "this capture sink cannot end sessions", kind="unsupported")
         ended = bool(await end(session_id))
         return JSONResponse({"session_id": session_id, "ended": ended})
+
+    return [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/", root, methods=["GET", "HEAD"]),
+        Route("/v1/openclaw/status", status, methods=["GET"]),
+        Route("/v1/openclaw/sessions/{session_id}/end", end_session, methods=["POST"]),
+    ]

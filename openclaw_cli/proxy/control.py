@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from openclaw_cli.backend import BackendError, supports_version_control
 from openclaw_cli.proxy.errors import ProxyError, from_backend_error
@@ -65,17 +66,18 @@ def _version_from(body: dict[str, Any]) -> int:
     return version
 
 
-def add_control_routes(app: FastAPI) -> None:
+def version_control_routes(app: Starlette) -> list[Route]:
+    """``GET /v1/openclaw/versions`` and ``POST /v1/openclaw/rollback`` for ``app`` (they keep its rollback log)."""
     app.state.rollbacks = []  # the latest rollbacks, newest last (for status)
     lock = asyncio.Lock()  # one switch at a time: two rollbacks racing would leave either version serving
 
-    @app.get(VERSIONS_PATH)
-    async def versions(request: Request) -> dict[str, Any]:
+    async def versions(request: Request) -> JSONResponse:
         backend = _require_version_control(proxy_state(request))
         current = backend.current_version()
-        return {"current": current.version, "current_name": current.name, "servable": backend.servable_versions()}
+        return JSONResponse(
+            {"current": current.version, "current_name": current.name, "servable": backend.servable_versions()}
+        )
 
-    @app.post(ROLLBACK_PATH)
     async def rollback(request: Request) -> JSONResponse:
         state = proxy_state(request)
         backend = _require_version_control(state)
@@ -106,8 +108,10 @@ def add_control_routes(app: FastAPI) -> None:
         log.warning("rolled back: serving version %d (was %d); %s", info.version, previous.version, TRAINER_NOTE)
         return JSONResponse({**event, "servable_versions": backend.servable_versions(), "trainer": TRAINER_NOTE})
 
+    return [Route(VERSIONS_PATH, versions, methods=["GET"]), Route(ROLLBACK_PATH, rollback, methods=["POST"])]
 
-def version_status(app: FastAPI) -> dict[str, Any] | None:
+
+def version_status(app: Starlette) -> dict[str, Any] | None:
     """Servable versions and recent rollbacks for status; None when the backend cannot switch versions."""
     backend = app.state.proxy.backend
     if not supports_version_control(backend):

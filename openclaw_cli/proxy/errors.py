@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
+from starlette.responses import JSONResponse
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.capture import ApiKind

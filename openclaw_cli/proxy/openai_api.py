@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.proxy.capture_handoff import build_exchange
@@ -57,7 +57,6 @@ from openclaw_cli.proxy.validation import check_counts, get_field, get_number, r
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk
 
 log = logging.getLogger("openclaw.proxy.openai")
-router = APIRouter()
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_N = 16
@@ -280,17 +279,14 @@ def response_headers(req: ChatRequest, version: int) -> dict[str, str]:
 # -- endpoints -----------------------------------------------------------------------------------------------------
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
-    return proxy_state(request).catalog.listing()
+async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse(proxy_state(request).catalog.listing())
 
 
-@router.get("/v1/models/{model_id:path}")
-async def get_model(request: Request, model_id: str) -> dict[str, Any]:
-    return proxy_state(request).catalog.entry(model_id)
+async def get_model(request: Request) -> JSONResponse:
+    return JSONResponse(proxy_state(request).catalog.entry(request.path_params["model_id"]))
 
 
-@router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
@@ -584,3 +580,10 @@ def _delta(piece: Piece) -> dict[str, Any]:
             }
         ]
     }
+
+
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+]
