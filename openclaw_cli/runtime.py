@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from openclaw_cli import eventloop
 from openclaw_cli.backend import Backend, create_backend
 from openclaw_cli.dashboard import Snapshot, log_line, render
 from openclaw_cli.proxy.app import create_app
@@ -401,5 +402,5 @@ async def _report(runtime: Runtime, stop: asyncio.Event, *, ui: bool) -> None:
 
 
 def run_launch(settings: Settings, *, ui: bool) -> None:
-    """Blocking entry point of ``openclaw launch``."""
-    asyncio.run(launch(settings, ui=ui))
+    """Blocking entry point of ``openclaw launch`` (on uvloop when installed, see :mod:`openclaw_cli.eventloop`)."""
+    eventloop.run(launch(settings, ui=ui))

@@ -13,6 +13,7 @@ from typing import Any
 
 import uvicorn
 
+from openclaw_cli import eventloop
 from openclaw_cli.backend import create_backend
 from openclaw_cli.proxy.app import create_app
 from openclaw_cli.proxy.auth import ProxyConfigError, check_bind, is_loopback
@@ -79,8 +80,8 @@ async def serve(settings: Settings) -> None:
 
 
 def run_server(settings: Settings) -> None:
-    """Blocking entry point of ``openclaw serve``."""
-    asyncio.run(serve(settings))
+    """Blocking entry point of ``openclaw serve`` (on uvloop when installed, see :mod:`openclaw_cli.eventloop`)."""
+    eventloop.run(serve(settings))
 
 
 class BackgroundServer:
