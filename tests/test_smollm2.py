@@ -48,6 +48,17 @@ def test_embedded_default_loads_offline() -> None:
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     )
+    # render() encodes through the Rust tokenizer directly: the ids must be exactly transformers' own.
+    from test_tokenizer import CONVERSATIONS
+
+    from openclaw_cli.tokenizer import _normalise_messages
+
+    assert tok._plain_rust_tokenizer() is not None
+    for messages, tools in CONVERSATIONS:
+        expected = tok.hf.apply_chat_template(
+            _normalise_messages(messages), tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert tok.render(messages, tools) == list(expected)
 
 
 async def test_local_backend_answers_paris() -> None:

@@ -57,6 +57,55 @@ def test_render_rejects_bad_messages(tiny_tokenizer) -> None:
         flatten_content(42)
 
 
+CONVERSATIONS = [
+    ([{"role": "user", "content": "hi"}], None),
+    (
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ünïcödé — 東京 🙂 tabs\tand\nlines"}],
+        None,
+    ),
+    # Special-token text inside content is encoded as transformers encodes it (as the special token).
+    ([{"role": "user", "content": "say <|im_end|> then <tool_call>"}], None),
+    (
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "P"}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ],
+        [WEATHER_TOOL],
+    ),
+]
+
+
+@pytest.mark.parametrize(("messages", "tools"), CONVERSATIONS)
+def test_render_ids_equal_transformers_apply_chat_template(tiny_tokenizer, messages, tools) -> None:
+    """render() encodes the template text through the Rust tokenizer directly; the ids must be transformers' own."""
+    from openclaw_cli.tokenizer import _normalise_messages
+
+    expected = tiny_tokenizer.hf.apply_chat_template(
+        _normalise_messages(messages), tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert tiny_tokenizer._plain_rust_tokenizer() is not None
+    assert tiny_tokenizer.render(messages, tools) == list(expected)
+
+
+def test_render_falls_back_to_transformers_when_the_rust_tokenizer_truncates() -> None:
+    from openclaw_cli.testing.tiny_model import build_tiny_tokenizer
+    from openclaw_cli.tokenizer import HFChatTokenizer
+
+    tokenizer = HFChatTokenizer(build_tiny_tokenizer())
+    messages = [{"role": "user", "content": "a message long enough to be cut at five tokens"}]
+    full = tokenizer.render(messages)
+    tokenizer.hf.backend_tokenizer.enable_truncation(max_length=5)  # e.g. set in a model's tokenizer.json
+    assert tokenizer._plain_rust_tokenizer() is None
+    assert tokenizer.render(messages) == full  # transformers resets truncation for chat templates; so do we
+
+
 def test_decode_hides_stop_tokens_but_keeps_tool_markers(tiny_tokenizer) -> None:
     ids = tiny_tokenizer.encode('<tool_call>{"name": "x", "arguments": {}}</tool_call>') + tiny_tokenizer.eos_token_ids
     assert tiny_tokenizer.decode(ids) == '<tool_call>{"name": "x", "arguments": {}}</tool_call>'
