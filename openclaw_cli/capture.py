@@ -66,5 +66,15 @@ def is_secret_header(name: str) -> bool:
 
 
 def scrub_headers(headers: Any) -> dict[str, str]:
-    """Lower-case header names and drop credentials, so nothing secret is ever stored."""
-    return {k.lower(): v for k, v in dict(headers).items() if not is_secret_header(k)}
+    """Lower-case header names and drop credentials, so nothing secret is ever stored.
+
+    ``headers``: a mapping, or an ASGI scope's raw ``[(name, value), ...]`` byte pairs (then the first value of a
+    repeated name is kept, as ``dict(starlette_headers)`` keeps it)."""
+    if not isinstance(headers, list):
+        return {k.lower(): v for k, v in dict(headers).items() if not is_secret_header(k)}
+    scrubbed: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1").lower()
+        if name not in scrubbed and not is_secret_header(name):
+            scrubbed[name] = raw_value.decode("latin-1")
+    return scrubbed

@@ -156,7 +156,7 @@ def build_exchange(
     request_id: str = "",
     extra_metadata: dict[str, Any] | None = None,
 ) -> CapturedExchange:
-    metadata: dict[str, Any] = {"request_id": request_id, "endpoint": request.url.path}
+    metadata: dict[str, Any] = {"request_id": request_id, "endpoint": request.scope["path"]}
     if model.turn_type_hint is not None:
         metadata["turn_type"] = model.turn_type_hint
     if result.stop_sequence is not None:
@@ -164,7 +164,7 @@ def build_exchange(
     metadata.update(extra_metadata or {})
     return CapturedExchange(
         api=api,
-        headers=scrub_headers(request.headers),
+        headers=scrub_headers(request.scope["headers"]),
         request=body,
         messages=prepared.messages,
         tools=prepared.tools,

@@ -166,7 +166,8 @@ async def sample_with_params(
     """One complete reply per entry of ``params``, sampled concurrently (errors mapped as in :func:`sample_choices`)."""
     calls = [backend.sample(prepared.prompt_tokens, p) for p in params]
     try:
-        results = list(await asyncio.gather(*calls))
+        # One reply (nearly every request) is awaited in place: gather would wrap it in a task of its own.
+        results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))
     except (BackendError, *UNAVAILABLE_ERRORS) as exc:
         if health is not None:
             health.failed(exc)

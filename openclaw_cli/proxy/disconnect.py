@@ -24,16 +24,30 @@ async def _disconnected(request: Request) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it and raise :class:`ClientGone`."""
-    task = asyncio.ensure_future(work)
+    """Await ``work``; if the client disconnects first, cancel it and raise :class:`ClientGone`.
+
+    ``work`` runs in the caller's own task (no second task, no ``asyncio.wait``: this is on every request's path);
+    a watcher task cancels the caller when the disconnect arrives, and that cancellation becomes ClientGone.
+    """
+    caller = asyncio.current_task()
+    assert caller is not None, "unless_disconnected must run inside a task"
+    gone = finished = False
+
+    def on_watcher_done(watcher: asyncio.Task[None]) -> None:
+        nonlocal gone
+        # ``finished``: a callback already scheduled when the work ended must not cancel the caller afterwards.
+        if not finished and not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            caller.cancel()
+
     watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(on_watcher_done)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise ClientGone()
+        return await work
+    except asyncio.CancelledError:
+        if gone and caller.uncancel() == 0:  # cancelled by the watcher alone, not also from outside
+            raise ClientGone() from None
+        raise
     finally:
-        pending = [t for t in (task, watcher) if not t.done()]
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        finished = True
+        watcher.cancel()
