@@ -8,7 +8,9 @@ Setup (every server in its own process, all on 127.0.0.1):
   LiteLLM call); ``POST /v1/tokens`` answers the same reply as token ids (what the openclaw backend calls).
 - openclaw: this repo's proxy with a thin HTTP backend that asks the upstream for token ids, so the proxy does
   its real work per request — validation, chat-template rendering, the backend round trip, reply parsing, the
-  response, and capture (once into memory, once into the real SQLite store when it is importable).
+  response, and capture (once into memory, once into the real SQLite store when it is importable). The thin
+  backend calls the upstream with aiohttp, the client LiteLLM's proxy uses for its own upstream calls; the servers
+  run as ``openclaw serve`` runs them (uvicorn, on uvloop + httptools when installed).
 - litellm: ``litellm --model openai/fake --api_base <upstream>/v1`` when the executable is found (``--litellm``,
   else ``litellm`` on PATH); otherwise the row says it is not installed.
 
@@ -92,12 +94,11 @@ class UpstreamTokenBackend:
     name = "http-upstream"
 
     def __init__(self, base_url: str) -> None:
-        import httpx
-
         from openclaw_cli.types import PolicyVersion
 
         self._tokenizer = _tiny_tokenizer()
-        self._client = httpx.AsyncClient(base_url=base_url, timeout=30, limits=httpx.Limits(max_connections=64))
+        self._base_url = base_url
+        self._session: Any = None
         self._version = PolicyVersion(0, "base")
 
     def tokenizer(self) -> Any:
@@ -107,13 +108,17 @@ class UpstreamTokenBackend:
         return self._version
 
     async def sample(self, prompt_tokens: list[int], params: Any, version: int | None = None) -> Any:
+        import aiohttp
+
         from openclaw_cli.types import SampleResult
 
+        if self._session is None:  # created on the serving loop
+            self._session = aiohttp.ClientSession(self._base_url, timeout=aiohttp.ClientTimeout(total=30))
         started = time.time()
-        resp = await self._client.post(
+        async with self._session.post(
             "/v1/tokens", json={"prompt_tokens": prompt_tokens, "max_tokens": params.max_tokens}
-        )
-        data = resp.json()
+        ) as resp:
+            data = await resp.json()
         done = time.time()
         return SampleResult(
             tokens=data["tokens"],
@@ -150,6 +155,7 @@ def serve_forever(kind: str, port: int, upstream: str, store_path: str | None) -
     import uvicorn
 
     app = upstream_app() if kind == "upstream" else proxy_app(upstream, store_path)
+    # uvicorn's defaults pick uvloop + httptools when installed, as ``openclaw serve`` does.
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
 
 
@@ -272,6 +278,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--litellm", help="path to the litellm executable (default: litellm on PATH)")
+    parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM row")
     parser.add_argument("--serve", choices=["upstream", "proxy"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
@@ -302,8 +309,10 @@ def main() -> None:
             targets.append(("openclaw (SQLite capture)", stored + "/v1/chat/completions", "openclaw", stored_proc))
         except ImportError:
             rows.append(("openclaw (SQLite capture)", "store not available in this checkout"))
-        executable = args.litellm or shutil.which("litellm")
-        if executable:
+        executable = None if args.no_litellm else args.litellm or shutil.which("litellm")
+        if args.no_litellm:
+            rows.append(("litellm proxy", "skipped (--no-litellm)"))
+        elif executable:
             lite_proc, lite = start_litellm(executable, upstream)
             procs.append(lite_proc)
             targets.append(("litellm proxy", lite + "/v1/chat/completions", "openai/fake", lite_proc))
