@@ -17,7 +17,10 @@ exponential backoff; when a call still fails the turn is given back (``Store.rel
 pause that grows while the judge stays down (up to :data:`MAX_DOWN_WAIT_S`, never longer than the lease). A judge
 that stays down therefore leaves turns waiting, uncounted and unscored, and nothing here touches serving. A turn the
 judge *rejects* (HTTP 400 / 413 / 422, e.g. a prompt over its context; or a prompt that cannot be built) is tried
-again after ``retry_turn_after_s``, at most ``max_turn_attempts`` times; then it is completed as judged-failed::
+again after ``retry_turn_after_s``, at most ``max_turn_attempts`` times; then it is completed as judged-failed. So is
+a turn whose calls keep failing like an outage (5xx, timeouts) while the judge answers other turns: such a failure
+counts against the turn only when the judge has judged some other turn since this turn last failed (a judge that is
+simply down never costs a turn its attempts)::
 
     {"score": null, "failed": true, "reason": "judge_failed", "error": "...", "attempts": 3, "judge": "...", ...}
 
@@ -250,7 +253,7 @@ class Verdict:
 class JudgeStats:
     judged: int = 0
     failed: int = 0  # turn attempts that failed (the turn is given back and retried later)
-    gave_up: int = 0  # turns completed as judged-failed after max_turn_attempts rejections
+    gave_up: int = 0  # turns completed as judged-failed after max_turn_attempts counted failures
     calls: int = 0
     call_errors: int = 0
     last_error: str | None = None
@@ -292,6 +295,10 @@ class JudgeLoop:
         self.retry_turn_after_s = retry_turn_after_s
         self.down_wait_s = down_wait_s  # first pause while the judge is down; doubles per round that finds it down
         self._down_rounds = 0
+        # Outage-like failures per turn: the judged count when the turn last failed that way. A later failure counts
+        # against the turn only if the judge judged other turns in between (it is up, and this prompt breaks it).
+        self._judged_total = 0
+        self._unavailable_since: dict[int, int] = {}
         self.store = store
         self.client = client
         self.settings = settings
@@ -392,18 +399,31 @@ class JudgeLoop:
 
     async def _judge_and_complete(self, turn: TurnRecord) -> str:
         """Judge one turn and record the outcome: "judged", "duplicate" (already done), "unavailable" (given back
-        to wait for the judge), "rejected" (given back, counted) or "gave_up" (completed as judged-failed)."""
+        to wait for the judge), "rejected" (given back, counted) or "gave_up" (completed as judged-failed after too many
+        counted failures)."""
         try:
             verdict = await self.judge_turn(turn)
         except JudgeUnavailable as exc:
             self.stats.failed += 1
             self.stats.last_error = str(exc)
-            # Uncounted: a judge that is down says nothing about the turn. The pause grows while it stays down.
+            # A judge that is down says nothing about the turn: uncounted, and the pause grows while it stays down.
+            # But if it judged other turns since this one last failed, the failure is this turn's to count.
+            judged_before = self._unavailable_since.get(turn.id)
+            counted = judged_before is not None and self._judged_total > judged_before
+            self._unavailable_since[turn.id] = self._judged_total
             wait = min(self.lease_s, self.down_wait_s * 2 ** min(self._down_rounds, 16), MAX_DOWN_WAIT_S)
-            log.warning("turn %s left unjudged (judge unavailable), retried in %.0fs: %s", turn.id, wait, exc)
-            await asyncio.to_thread(
-                self.store.release, self.consumer, turn.id, retry_at=time.time() + wait, error=str(exc)
+            failures = await asyncio.to_thread(
+                self.store.release,
+                self.consumer,
+                turn.id,
+                retry_at=time.time() + wait,
+                error=str(exc),
+                count_failure=counted,
             )
+            if counted and failures >= self.max_turn_attempts:
+                self._unavailable_since.pop(turn.id, None)
+                return await self._give_up(turn, f"{exc} (while the judge answered other turns)", failures)
+            log.warning("turn %s left unjudged (judge unavailable), retried in %.0fs: %s", turn.id, wait, exc)
             return "unavailable"
         except Exception as exc:  # rejected by the judge, or a prompt that cannot be built: about this turn
             self.stats.failed += 1
@@ -429,6 +449,8 @@ class JudgeLoop:
                 )
                 return "rejected"
             return await self._give_up(turn, error, failures)
+        self._judged_total += 1
+        self._unavailable_since.pop(turn.id, None)
         result = verdict.to_json(judge_name=self.judge_name, next_state_role=turn.next_state_role)
         first = await asyncio.to_thread(self.store.complete, self.consumer, turn.id, result, reward=verdict.score)
         if first:
@@ -436,7 +458,8 @@ class JudgeLoop:
         return "judged" if first else "duplicate"
 
     async def _give_up(self, turn: TurnRecord, error: str, attempts: int) -> str:
-        """Complete a turn the judge keeps rejecting as judged-failed: no score, never trained, counted in status."""
+        """Complete a turn the judge keeps rejecting (or failing on) as judged-failed: no score, never trained, counted
+        in status."""
         result = json.dumps(
             {
                 "score": None,
@@ -453,7 +476,7 @@ class JudgeLoop:
         first = await asyncio.to_thread(self.store.complete, self.consumer, turn.id, result, failed=True)
         if first:
             self.stats.gave_up += 1
-            log.error("turn %s judged-failed after %d rejected attempts: %s", turn.id, attempts, error)
+            log.error("turn %s judged-failed after %d failed attempts: %s", turn.id, attempts, error)
         return "gave_up" if first else "duplicate"
 
     async def _call(self, messages: list[dict[str, str]], temperature: float) -> str:

@@ -113,7 +113,7 @@ class Runtime:
             "judge": {
                 "judged": judge.judged,
                 "failed": judge.failed,
-                "gave_up": judge.gave_up,  # judged-failed: rejected max_turn_attempts times, never trained
+                "gave_up": judge.gave_up,  # judged-failed: max_turn_attempts counted failures, never trained
                 "last_error": judge.last_error,
             },
             # Per consumer, from the store (survives restarts): turns given up on, and turns waiting for a retry.

@@ -103,6 +103,41 @@ async def test_a_judge_that_is_down_never_costs_a_turn_its_attempts(tmp_path: Pa
         assert store.handoff_counts() == {}
 
 
+async def test_a_turn_whose_calls_keep_failing_while_the_judge_answers_others_is_given_up(tmp_path: Path) -> None:
+    """A 5xx on one prompt while the judge judges the others: that prompt breaks the judge, so its failures count
+    (the first one does not: until the judge answers another turn it could just be down)."""
+
+    def answer(messages: list[dict[str, Any]]) -> str | tuple[int, str]:
+        if "POISON" in messages[-1]["content"]:
+            time.sleep(0.3)  # fails after the other turn of its batch is judged: the counting order is fixed
+            return 500, "internal error"
+        return "\\boxed{1}"
+
+    with FakeJudgeServer(answer) as server, Store(tmp_path / "s.sqlite3") as store:
+        poison, *fine = seed_judgeable(store, ["POISON question", "q1", "q2", "q3"])
+        loop = JudgeLoop(
+            store,
+            OpenAIJudgeClient("judge", server.base_url, timeout_s=10),
+            Settings(method="rl", judge={"votes": 1}),
+            batch_size=2,
+            retry_attempts=1,
+            max_turn_attempts=2,
+            down_wait_s=0.0,
+            sleep=no_sleep,
+        )
+        counted = "SELECT failures FROM claims WHERE consumer = 'judge' AND turn_id = ?"
+        assert await loop.run_once() == 1  # q1 judged; POISON failed, not counted (the judge may just be down)
+        assert store._read(counted, (poison,)) == [(0,)] and store.result_of("judge", poison) is None
+        assert await loop.run_once() == 1  # q2 judged since POISON's last failure: this one counts
+        assert store._read(counted, (poison,)) == [(1,)]
+        assert await loop.run_once() == 1  # q3 judged; POISON's second counted failure: given up
+        verdict = store.result_of("judge", poison)
+        assert (verdict["failed"], verdict["reason"], verdict["attempts"]) == (True, "judge_failed", 2)
+        assert "while the judge answered other turns" in verdict["error"]
+        assert [store.result_of("judge", t)["score"] for t in fine] == [1, 1, 1]
+        assert loop.stats.gave_up == 1 and store.handoff_counts() == {"judge": {"failed": 1, "erroring": 0}}
+
+
 async def test_the_judge_resumes_turns_a_killed_process_was_judging_without_waiting_for_the_lease(
     tmp_path: Path,
 ) -> None:
