@@ -241,6 +241,11 @@ class TrainEnvSettings(_Section):
     checkpoint_every: int = Field(
         5, ge=0, description="Save the backend state and a resume manifest every N steps (0 = never)."
     )
+    keep_checkpoints: int = Field(
+        3,
+        ge=1,
+        description="Newest checkpoints of a run kept; older manifests and their local saved states are deleted.",
+    )
     store: Path | None = Field(
         None,
         description="SQLite store to record each step's metrics in (for `openclaw eval --plot`); must not be the "

@@ -16,7 +16,15 @@ from openclaw_cli.algorithms import adam_params_from
 from openclaw_cli.backend import NotYetAvailable
 from openclaw_cli.cli import app
 from openclaw_cli.envrl import EnvTrainer, RolloutContext, RolloutError, Trajectory, train_on_env
-from openclaw_cli.envrl.checkpoints import ResumeError, find_manifest, read_manifest, runs_dir
+from openclaw_cli.envrl.checkpoints import (
+    ResumeError,
+    RunManifest,
+    find_manifest,
+    prune_run,
+    read_manifest,
+    runs_dir,
+    write_manifest,
+)
 from openclaw_cli.envrl.hooks import FunctionEnv
 from openclaw_cli.eval import reward_series
 from openclaw_cli.settings import LocalSettings, Settings, SettingsError, TrainEnvSettings, TrainSettings
@@ -169,6 +177,39 @@ async def test_checkpoints_and_resume_continue_the_same_run(tiny_tokenizer, tmp_
     assert sorted(resumed_draws) == sorted(d for d in first_draws if d[0] >= 3)
     # It keeps checkpointing under the same run name (overwriting step 4 with the resumed lineage).
     assert second.run_name == "r1" and [c[0] for c in second.checkpoints] == [4]
+
+
+async def test_only_the_newest_checkpoints_of_a_run_are_kept(tiny_tokenizer, tmp_path) -> None:
+    state_dir = tmp_path / "ckpt"
+
+    class FolderStateBackend(StatefulRecordingBackend):
+        async def save_state(self, name: str) -> str:  # as the local backend does: a folder in state_dir
+            folder = state_dir / name
+            folder.mkdir(parents=True)
+            (folder / "weights").write_text(str(self.weights))
+            return str(folder)
+
+    settings = settings_for(tmp_path, steps=5, checkpoint_every=1, keep_checkpoints=2, group_size=2, prompts_per_step=1)
+    trainer = EnvTrainer(FolderStateBackend(tiny_tokenizer), settings, FunctionEnv(member_rewards()), run_name="r5")
+    await trainer.run()
+    run_dir = runs_dir(state_dir) / "r5"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["step-0004.json", "step-0005.json"]
+    assert sorted(p.name for p in state_dir.iterdir() if not p.name.startswith(".")) == [
+        "r5-step-0004",
+        "r5-step-0005",
+    ]
+    assert read_manifest(find_manifest(state_dir, "r5")).checkpoint == str(state_dir / "r5-step-0005")
+    with pytest.raises(ResumeError, match="no checkpoint of run 'r5@2'"):
+        find_manifest(state_dir, "r5@2")
+
+    # A saved state that is not a folder in state_dir (a cloud URI, a path elsewhere) is never deleted.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    write_manifest(state_dir, RunManifest("r6", 1, str(outside), "local", None, None, 7, {}))
+    write_manifest(state_dir, RunManifest("r6", 2, "tinker://run/step-2", "tinker", None, None, 7, {}))
+    write_manifest(state_dir, RunManifest("r6", 3, "tinker://run/step-3", "tinker", None, None, 7, {}))
+    assert prune_run(state_dir, "r6", 1) == [1, 2] and outside.is_dir()
+    assert [p.name for p in (runs_dir(state_dir) / "r6").iterdir()] == ["step-0003.json"]
 
 
 async def test_a_failed_checkpoint_is_logged_and_training_goes_on(tiny_tokenizer, tmp_path, caplog) -> None:

@@ -7,6 +7,10 @@ spec, the seed, the whole ``train_env`` section and the metrics of every step so
 hidden folder so that nothing listing checkpoint folders in ``state_dir`` (``openclaw eval latest``, the online
 trainer) mistakes a run folder for a checkpoint. A manifest is written only after its state was saved, and
 atomically, so one that exists always points at a complete state.
+
+Only the newest ``train_env.keep_checkpoints`` checkpoints of a run are kept (:func:`prune_run`): older manifests are
+deleted, then their saved states when those are folders inside ``state_dir`` (a cloud backend's saved state is a URI
+on that service, left alone).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -135,6 +140,28 @@ def find_manifest(state_dir: Path, spec: str) -> Path:
         known = ", ".join(sorted(p.name for p in _dirs(root))) or "none"
         raise ResumeError(f"no checkpoint of run {spec!r} in {root} (runs: {known})")
     return found[-1][1]
+
+
+def prune_run(state_dir: Path, run: str, keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` checkpoints of ``run`` and return the steps deleted. Each manifest goes
+    first, then its state, so a crash in between leaves an unreferenced folder, never a manifest without a state."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1")
+    root = Path(state_dir).expanduser().resolve()
+    removed: list[int] = []
+    for step, path in _run_manifests(runs_dir(state_dir) / run)[:-keep]:
+        try:
+            saved: str | None = read_manifest(path).checkpoint
+        except ResumeError:
+            saved = None
+        path.unlink(missing_ok=True)
+        removed.append(step)
+        if not saved or "://" in saved:
+            continue
+        state = Path(saved).expanduser().resolve()
+        if state.is_dir() and state != root and state.is_relative_to(root):
+            shutil.rmtree(state, ignore_errors=True)
+    return removed
 
 
 def _dirs(root: Path) -> list[Path]:

@@ -21,8 +21,9 @@ stops with :class:`RolloutError` naming the first failure: training on a mostly 
 the policy noise.
 
 Checkpoints: with a run name, every ``train_env.checkpoint_every`` steps the backend state is saved and a manifest
-written (:mod:`openclaw_cli.envrl.checkpoints`); :meth:`EnvTrainer.resume` loads one and the run continues at the
-next step with the same seeded tasks (seeds derive from ``(seed, step, group[, member])``, never from history).
+written (:mod:`openclaw_cli.envrl.checkpoints`; the newest ``train_env.keep_checkpoints`` are kept);
+:meth:`EnvTrainer.resume` loads one and the run continues at the next step with the same seeded tasks (seeds derive
+from ``(seed, step, group[, member])``, never from history).
 With a store, every step's metrics are recorded in its ``steps`` table (tagged ``"source": "env"``) for
 ``openclaw eval --plot``.
 """
@@ -49,6 +50,7 @@ from openclaw_cli.envrl.checkpoints import (
     check_run_name,
     checkpoint_state_name,
     manifest_mismatches,
+    prune_run,
     write_manifest,
 )
 from openclaw_cli.envrl.custom_loss import CustomLoss, forward_backward_custom
@@ -220,6 +222,12 @@ class EnvTrainer:
         )
         path = await asyncio.to_thread(write_manifest, self.settings.local.state_dir, manifest)
         self.checkpoints.append((step, saved, path))
+        try:
+            await asyncio.to_thread(
+                prune_run, self.settings.local.state_dir, self.run_name, self.config.keep_checkpoints
+            )
+        except OSError as exc:  # a full or read-only disk must not stop a run that just saved its state
+            log.warning("could not delete the checkpoints before step %d of run %s: %s", step, self.run_name, exc)
         return path
 
     async def run_step(self, step: int) -> StepStats:
