@@ -8,6 +8,7 @@ number of samples drawn (``backend.calls``) and what was captured are exact.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +68,10 @@ class Proxy:
 def make_proxy(tiny_tokenizer) -> Iterator[Callable[..., Proxy]]:
     servers: list[BackgroundServer] = []
 
-    def make(*replies: str, retries: int = 2) -> Proxy:
-        backend = FakeBackend(tiny_tokenizer, replies, default_reply="(script ran out)")
+    def make(*replies: str, retries: int = 2, token_delay_s: float = 0.0, keepalive_s: float = 15.0) -> Proxy:
+        backend = FakeBackend(tiny_tokenizer, replies, default_reply="(script ran out)", token_delay_s=token_delay_s)
         sink = MemorySink()
-        settings = Settings.model_validate({"proxy": {"tool_choice_retries": retries}})
+        settings = Settings.model_validate({"proxy": {"tool_choice_retries": retries, "keepalive_s": keepalive_s}})
         server = BackgroundServer(create_app(backend, sink, settings)).start()
         servers.append(server)
         return Proxy(backend, sink, server)
@@ -375,3 +376,74 @@ def test_violation_rules():
     nested = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
     assert schema_violation({"n": -1}, nested) is not None  # below the top level: full validation
     assert schema_violation({"n": 3}, nested) is None
+
+
+# -- a constrained stream that takes a while: keep-alives until the reply is known ---------------------------------
+
+SLOW = {"token_delay_s": 0.01, "keepalive_s": 0.05}  # each sample takes ~0.1-0.3 s: several keep-alive periods
+
+
+def test_openai_slow_constrained_stream_sends_keepalives_then_the_reply(make_proxy):
+    proxy = make_proxy("I will not call anything at all.", call("calculator", "2*3"), **SLOW)
+    body = {"model": "openclaw", "messages": USER, "tools": OPENAI_TOOLS, "tool_choice": "required", "stream": True}
+    with httpx.stream("POST", proxy.server.base_url + "/v1/chat/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        frames = resp.read().decode().split("\n\n")
+    keepalives = [f for f in frames if f == ": keepalive"]
+    data = [f for f in frames if f.startswith("data: ")]
+    assert len(keepalives) >= 2 and frames.index(": keepalive") == 0  # the stream opened before the reply was known
+    assert all(frames.index(k) < frames.index(data[0]) for k in keepalives[:1]) and data[-1] == "data: [DONE]"
+    calls = [c for f in data[:-1] for ch in json.loads(f[6:])["choices"] for c in ch["delta"].get("tool_calls") or []]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("calculator", {"q": "2*3"})
+    ]
+    (exchange,) = proxy.sink.exchanges
+    assert exchange.stream and exchange.metadata["samples_drawn"] == 2
+
+    # The openai SDK reads the same stream (it skips the comments).
+    proxy = make_proxy("No.", call("search", "x"), **SLOW)
+    _, got = openai_stream(proxy, messages=USER, tools=OPENAI_TOOLS, tool_choice="required")
+    assert got["calls"] == [("search", {"q": "x"})] and got["finish"] == "tool_calls"
+
+
+def test_openai_slow_constrained_stream_that_fails_ends_with_an_error_event(make_proxy):
+    proxy = make_proxy("no call here, sorry", "no call here, sorry", "no call here, sorry", **SLOW)
+    with pytest.raises(openai.APIError, match="did not produce the required tool call"):
+        openai_stream(proxy, messages=USER, tools=OPENAI_TOOLS, tool_choice="required")
+    assert len(proxy.backend.calls) == 3 and proxy.sink.exchanges == []
+
+
+def test_anthropic_slow_constrained_stream_sends_keepalives_then_the_message(make_proxy):
+    proxy = make_proxy("No tools for me, not today.", call("search", "dogs"), **SLOW)
+    body = {"model": "openclaw", "max_tokens": 200, "messages": USER, "tools": ANTHROPIC_TOOLS}
+    with httpx.stream(
+        "POST", proxy.server.base_url + "/v1/messages", json={**body, "tool_choice": {"type": "any"}, "stream": True}
+    ) as resp:
+        assert resp.status_code == 200
+        frames = resp.read().decode().split("\n\n")
+    assert frames[0] == ": keepalive" and frames.count(": keepalive") >= 2
+    events = [f.split("\n")[0] for f in frames if f.startswith("event: ")]
+    assert events[0] == "event: message_start" and events[-1] == "event: message_stop"
+
+    message = anthropic_create(make_proxy("Nope.", call("search", "cats"), **SLOW), True, tool_choice={"type": "any"})
+    (block,) = message.content
+    assert (block.type, block.name, block.input) == ("tool_use", "search", {"q": "cats"})
+
+    failing = make_proxy("no tool use, sorry", "no tool use, sorry", "no tool use, sorry", **SLOW)
+    with pytest.raises(anthropic.APIError, match="did not produce the required tool call"):
+        anthropic_create(failing, True, tool_choice={"type": "any"})
+    assert failing.sink.exchanges == []
+
+
+def test_a_client_leaving_during_the_keepalives_stops_the_sampling(make_proxy):
+    proxy = make_proxy("Zebras quietly juggle violet kumquats near Oxford. " * 6, **SLOW)
+    body = {"model": "openclaw", "messages": USER, "tools": OPENAI_TOOLS, "tool_choice": "required", "stream": True}
+    with httpx.stream("POST", proxy.server.base_url + "/v1/chat/completions", json=body, timeout=30) as resp:
+        assert next(resp.iter_bytes()) == b": keepalive\n\n"
+    deadline = time.monotonic() + 10
+    while not (proxy.backend.calls and proxy.backend.calls[0].closed_early) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (only,) = proxy.backend.calls  # cancelled mid-sample: no resampling after the client left
+    assert only.closed_early and proxy.sink.exchanges == []
+    status = httpx.get(proxy.server.base_url + "/v1/openclaw/status").json()
+    assert status["in_flight"] == 0

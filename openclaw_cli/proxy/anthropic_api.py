@@ -36,6 +36,7 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_messages,
     to_openai_tools,
 )
+from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.capture_handoff import build_exchange
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
@@ -46,11 +47,11 @@ from openclaw_cli.proxy.completion import (
     render_prompt,
     tool_input,
 )
-from openclaw_cli.proxy.constraints import ReplyConstraints, capture_metadata, sample_satisfying
+from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
 from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.sse import SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
+from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece, ToolCallPiece
@@ -222,23 +223,48 @@ async def create_message(request: Request) -> Response:
         )
     limits = state.settings.proxy
     lease = state.lease()
-    try:
-        (sample,) = await unless_disconnected(
+    sampling = sample_satisfying(
+        state.backend,
+        prepared,
+        1,
+        req.constraints,
+        retries=limits.tool_choice_retries,
+        retry_after_s=limits.retry_after_s,
+        health=state.health,
+    )
+    if req.stream:  # constrained: the reply is checked whole before it is sent (see buffered_stream.py)
+
+        async def replay(sampled: list[Sampled]) -> tuple[AsyncIterator[bytes], dict[str, str]]:
+            body_out, version = await _recorded_body(request, state, req, prepared, sampled[0])
+            return _replay_as_stream(body_out), response_headers(req, version)
+
+        return await buffered_stream_response(
             request,
-            sample_satisfying(
-                state.backend,
-                prepared,
-                1,
-                req.constraints,
-                retries=limits.tool_choice_retries,
-                retry_after_s=limits.retry_after_s,
-                health=state.health,
-            ),
+            sampling,
+            lease=lease,
+            keepalive_s=limits.keepalive_s,
+            # An SSE comment, not Anthropic's ping event: a ping before message_start is out of order for a strict
+            # client, and every SSE parser skips comments.
+            keepalive_frame=KEEPALIVE_COMMENT,
+            replay=replay,
+            error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
+            early_headers=response_headers(req, state.backend.current_version().version),
+            retry_after_s=limits.retry_after_s,
         )
+    try:
+        (sample,) = await unless_disconnected(request, sampling)
     except ClientGone:
         return Response(status_code=499)
     finally:
         lease.release()
+    body_out, version = await _recorded_body(request, state, req, prepared, sample)
+    return JSONResponse(body_out, headers=response_headers(req, version))
+
+
+async def _recorded_body(
+    request: Request, state: ProxyState, req: MessagesRequest, prepared: PreparedPrompt, sample: Sampled
+) -> tuple[dict[str, Any], int]:
+    """The message body for ``sample`` and the version that answered; recorded first."""
     result, parsed = sample.result, req.constraints.visible(sample.parsed)
     calls = anthropic_calls(parsed.tool_calls)
     stop = stop_reason_for(result, parsed)
@@ -248,12 +274,7 @@ async def create_message(request: Request) -> Response:
     extra = capture_metadata(req.constraints, sample)
     message = assistant_message(parsed, calls)
     await _record(request, state, req, prepared, result, str(stop[0]), message, body_out, req.stream, extra)
-    headers = response_headers(req, result.version)
-    if req.stream:
-        return StreamingResponse(
-            _replay_as_stream(body_out), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers}
-        )
-    return JSONResponse(body_out, headers=headers)
+    return body_out, result.version
 
 
 async def _replay_as_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:

@@ -11,7 +11,8 @@ Known limits, by design:
 - ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool.
   "required" / a named function, ``parallel_tool_calls`` false and ``response_format`` json_object / json_schema
   are enforced by checking and resampling, not by constrained decoding (see proxy/constraints.py); such a request
-  with ``stream`` true is answered as a stream, but only once the whole reply is known (not token by token).
+  with ``stream`` true is answered as a stream, but only once the whole reply is known (not token by token), with
+  keep-alives meanwhile when that takes longer than ``proxy.keepalive_s`` (see buffered_stream.py).
 - Other unknown fields are accepted and ignored.
 """
 
@@ -30,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.capture_handoff import build_exchange
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
@@ -42,6 +44,7 @@ from openclaw_cli.proxy.completion import (
 from openclaw_cli.proxy.constraints import (
     JsonKind,
     ReplyConstraints,
+    Sampled,
     capture_metadata,
     sample_satisfying,
     schema_error,
@@ -305,26 +308,50 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
-    """The whole reply at once: as JSON, or (a constrained request with stream true) as a stream sent afterwards."""
+    """The whole reply at once: as JSON, or (a constrained request with stream true) as a stream sent once the reply
+    is known, with keep-alives meanwhile if that takes a while (see buffered_stream.py)."""
     limits = state.settings.proxy
     lease = state.lease()
-    try:
-        sampled = await unless_disconnected(
+    sampling = sample_satisfying(
+        state.backend,
+        prepared,
+        req.n,
+        req.constraints,
+        retries=limits.tool_choice_retries,
+        retry_after_s=limits.retry_after_s,
+        health=state.health,
+    )
+    if req.stream:
+
+        async def replay(sampled: list[Sampled]) -> tuple[AsyncIterator[bytes], dict[str, str]]:
+            body, version = await _recorded_body(request, state, req, prepared, sampled)
+            return _replay_as_stream(req, body), response_headers(req, version)
+
+        return await buffered_stream_response(
             request,
-            sample_satisfying(
-                state.backend,
-                prepared,
-                req.n,
-                req.constraints,
-                retries=limits.tool_choice_retries,
-                retry_after_s=limits.retry_after_s,
-                health=state.health,
-            ),
+            sampling,
+            lease=lease,
+            keepalive_s=limits.keepalive_s,
+            keepalive_frame=KEEPALIVE_COMMENT,
+            replay=replay,
+            error_frame=lambda err: data_frame(error_body(err, "openai")),
+            early_headers=response_headers(req, state.backend.current_version().version),
+            retry_after_s=limits.retry_after_s,
         )
+    try:
+        sampled = await unless_disconnected(request, sampling)
     except ClientGone:
         return Response(status_code=499)
     finally:
         lease.release()
+    body, version = await _recorded_body(request, state, req, prepared, sampled)
+    return JSONResponse(body, headers=response_headers(req, version))
+
+
+async def _recorded_body(
+    request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt, sampled: list[Sampled]
+) -> tuple[dict[str, Any], int]:
+    """The completion body for ``sampled`` and the version that answered; each choice recorded first."""
     tokenizer = state.backend.tokenizer()
     choices, finishes, messages = [], [], []
     for i, sample in enumerate(sampled):
@@ -355,13 +382,7 @@ async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepa
             index=i,
             extra=capture_metadata(req.constraints, sample),
         )
-    if req.stream:
-        return StreamingResponse(
-            _replay_as_stream(req, body),
-            media_type=SSE_MEDIA_TYPE,
-            headers={**SSE_HEADERS, **response_headers(req, version)},
-        )
-    return JSONResponse(body, headers=response_headers(req, version))
+    return body, version
 
 
 async def _replay_as_stream(req: ChatRequest, body: dict[str, Any]) -> AsyncIterator[bytes]:
