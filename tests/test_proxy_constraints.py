@@ -285,6 +285,57 @@ def test_openai_n2_resamples_only_the_failing_choice(make_proxy):
     assert sorted(e.metadata["samples_drawn"] for e in proxy.sink.exchanges) == [1, 2]
 
 
+def _prompt_text(proxy: Proxy, tiny_tokenizer, index: int = 0) -> str:
+    return tiny_tokenizer.decode(proxy.backend.calls[index].prompt_tokens)
+
+
+def _allowed(mode: str, *names: str) -> dict[str, Any]:
+    refs = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": refs}}
+
+
+def test_openai_allowed_tools_required_shows_and_accepts_only_the_listed_tools(make_proxy, tiny_tokenizer):
+    proxy = make_proxy(call("calculator", "1"), "No call.", call("search", "x"))
+    reply = proxy.openai().chat.completions.create(
+        model="openclaw", messages=USER, tools=OPENAI_TOOLS, tool_choice=_allowed("required", "search")
+    )
+    (tc,) = reply.choices[0].message.tool_calls
+    assert (tc.function.name, json.loads(tc.function.arguments)) == ("search", {"q": "x"})
+    assert len(proxy.backend.calls) == 3  # a call to an unlisted tool, then no call: both resampled
+    prompt = _prompt_text(proxy, tiny_tokenizer)
+    assert '"search"' in prompt and '"calculator"' not in prompt
+
+
+def test_openai_allowed_tools_auto_lets_the_model_answer_in_text(make_proxy, tiny_tokenizer):
+    proxy = make_proxy("Just text.")
+    reply = proxy.openai().chat.completions.create(
+        model="openclaw", messages=USER, tools=OPENAI_TOOLS, tool_choice=_allowed("auto", "calculator")
+    )
+    assert reply.choices[0].message.content == "Just text." and len(proxy.backend.calls) == 1
+    prompt = _prompt_text(proxy, tiny_tokenizer)
+    assert '"calculator"' in prompt and '"search"' not in prompt
+
+
+@pytest.mark.parametrize(
+    ("choice", "message"),
+    [
+        (_allowed("required", "nope"), "names 'nope', which is not in 'tools'"),
+        (_allowed("sometimes", "search"), "must be {'mode': 'auto' | 'required'"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}, "at least one tool"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"name": "x"}]}}, "tools[0] must be"),
+    ],
+)
+def test_openai_bad_allowed_tools_is_400(make_proxy, choice, message):
+    proxy = make_proxy("x")
+    r = httpx.post(
+        proxy.server.base_url + "/v1/chat/completions",
+        json={"model": "openclaw", "messages": USER, "tools": OPENAI_TOOLS, "tool_choice": choice},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert message in r.json()["error"]["message"]
+    assert proxy.backend.calls == [] and proxy.sink.exchanges == []
+
+
 # -- Anthropic -------------------------------------------------------------------------------------------------------
 
 
@@ -447,3 +498,39 @@ def test_a_client_leaving_during_the_keepalives_stops_the_sampling(make_proxy):
     assert only.closed_early and proxy.sink.exchanges == []
     status = httpx.get(proxy.server.base_url + "/v1/openclaw/status").json()
     assert status["in_flight"] == 0
+
+
+# -- Anthropic structured output (output_config.format) -------------------------------------------------------------
+
+CITY_SCHEMA = SCHEMA_FORMAT["json_schema"]["schema"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_output_format_resamples_until_the_text_matches_the_schema(make_proxy, stream):
+    proxy = make_proxy("Paris, of course.", '{"country": "France"}', '{"city": "Paris"}')
+    message = anthropic_create(
+        proxy, stream, tools=[], output_config={"format": {"type": "json_schema", "schema": CITY_SCHEMA}}
+    )
+    (block,) = message.content
+    assert block.type == "text" and json.loads(block.text) == {"city": "Paris"}
+    assert len(proxy.backend.calls) == 3
+    (exchange,) = proxy.sink.exchanges
+    assert exchange.metadata["samples_drawn"] == 3
+
+
+def test_anthropic_output_format_failure_and_bad_formats(make_proxy):
+    proxy = make_proxy("no", "no", "no")
+    with pytest.raises(anthropic.InternalServerError, match="not valid JSON"):
+        anthropic_create(proxy, False, tools=[], extra_body={"output_format": {"type": "json_schema", "schema": {}}})
+    assert proxy.sink.exchanges == []
+    effort_only = make_proxy("free text is fine")  # Claude Code sends output_config with only an effort level
+    message = anthropic_create(effort_only, False, tools=[], output_config={"effort": "high"})
+    assert message.content[0].text == "free text is fine"
+    for bad in ({"type": "json_object"}, {"type": "json_schema", "schema": {"type": "no-such-type"}}):
+        r = httpx.post(
+            proxy.server.base_url + "/v1/messages",
+            json={"model": "openclaw", "max_tokens": 10, "messages": USER, "output_config": {"format": bad}},
+        )
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert "output_config.format" in r.json()["error"]["message"]
+    assert len(proxy.backend.calls) == 3

@@ -2,11 +2,13 @@
 
 Accepted: model, max_tokens, messages (text / image / tool_use / tool_result / thinking / redacted_thinking
 blocks), system (string or text blocks), tools (client tools with input_schema), tool_choice, stop_sequences,
-temperature, top_p, top_k, metadata.user_id, stream. ``thinking``, ``context_management``, ``output_config``,
+temperature, top_p, top_k, metadata.user_id, stream, ``output_config.format`` (structured output: a JSON Schema;
+also the earlier beta's top-level ``output_format``). ``thinking``, ``context_management``, ``output_config.effort``,
 ``cache_control`` and any other unknown field are accepted and ignored, as are the ``anthropic-version`` /
-``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any / tool and ``disable_parallel_tool_use``
-are enforced by checking and resampling, not by constrained decoding (see proxy/constraints.py); such a request
-with ``stream`` true gets the full event sequence, but only once the whole reply is known (not token by token).
+``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any / tool, ``disable_parallel_tool_use``
+and the output format are enforced by checking and resampling, not by constrained decoding (see
+proxy/constraints.py); such a request with ``stream`` true gets the full event sequence, but only once the whole
+reply is known (not token by token), with keep-alives meanwhile when that takes longer than ``proxy.keepalive_s``.
 
 A streamed reply is the full event sequence, token by token: ``message_start``, ``ping``, then per content block
 ``content_block_start`` / ``content_block_delta`` (``thinking_delta`` | ``text_delta`` | ``input_json_delta``) /
@@ -21,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.background import BackgroundTask
@@ -47,7 +49,13 @@ from openclaw_cli.proxy.completion import (
     render_prompt,
     tool_input,
 )
-from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata, sample_satisfying
+from openclaw_cli.proxy.constraints import (
+    ReplyConstraints,
+    Sampled,
+    capture_metadata,
+    sample_satisfying,
+    schema_error,
+)
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
 from openclaw_cli.proxy.models import ResolvedModel
@@ -122,8 +130,27 @@ def parse_messages_request(body: dict[str, Any], state: ProxyState) -> MessagesR
         tools_offered=offered,
         sampling=sampling,
         stream=bool(get_field(body, "stream", bool)),
-        constraints=parse_constraints(tools if offered else None, body.get("tool_choice")),
+        constraints=_with_output_format(parse_constraints(tools if offered else None, body.get("tool_choice")), body),
     )
+
+
+def _with_output_format(constraints: ReplyConstraints, body: dict[str, Any]) -> ReplyConstraints:
+    """Add structured output: ``output_config.format`` (or the earlier beta's top-level ``output_format``), a JSON
+    Schema the text reply must match. Other ``output_config`` keys (effort) are ignored."""
+    config = get_field(body, "output_config", dict) or {}
+    where = "output_config.format"
+    fmt = config.get("format")
+    if fmt is None and body.get("output_format") is not None:
+        fmt, where = body["output_format"], "output_format"
+    if fmt is None:
+        return constraints
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise ProxyError(400, f"{where} must be {{'type': 'json_schema', 'schema': {{...}}}}", param=where)
+    problem = schema_error(fmt["schema"])
+    if problem is not None:
+        raise ProxyError(400, f"{where}.schema is not a valid JSON Schema: {problem}", param=where)
+    param = constraints.param if constraints.tool_names is not None else where  # the tool demand is checked first
+    return replace(constraints, json_kind="schema", json_schema=fmt["schema"], param=param)
 
 
 # -- response pieces -----------------------------------------------------------------------------------------------

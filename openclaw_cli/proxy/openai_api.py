@@ -8,11 +8,13 @@ Known limits, by design:
 - ``top_logprobs``: the backend reports only the sampled token's log-probability, so each position's
   ``top_logprobs`` list holds just the sampled token (never more than one entry). Log-probabilities are the
   policy's raw ones (temperature 1, no top-k/top-p), the values the trainer uses.
-- ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool.
-  "required" / a named function, ``parallel_tool_calls`` false and ``response_format`` json_object / json_schema
-  are enforced by checking and resampling, not by constrained decoding (see proxy/constraints.py); such a request
-  with ``stream`` true is answered as a stream, but only once the whole reply is known (not token by token), with
-  keep-alives meanwhile when that takes longer than ``proxy.keepalive_s`` (see buffered_stream.py).
+- ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool;
+  ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [...]}}`` shows only the listed
+  tools. "required" / a named function / allowed_tools with mode "required", ``parallel_tool_calls`` false and
+  ``response_format`` json_object / json_schema are enforced by checking and resampling, not by constrained decoding
+  (see proxy/constraints.py); such a request with ``stream`` true is answered as a stream, but only once the whole
+  reply is known (not token by token), with keep-alives meanwhile when that takes longer than ``proxy.keepalive_s``
+  (see buffered_stream.py).
 - Other unknown fields are accepted and ignored.
 """
 
@@ -132,6 +134,9 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool
         return (tools or None), bool(tools)
     if choice == "none":
         return None, False
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        allowed = _allowed_tool_names(choice, tools)
+        return [t for t in tools if t["function"]["name"] in allowed], True
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         chosen = [t for t in tools if t["function"]["name"] == name]
@@ -139,8 +144,38 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, bool
             raise ProxyError(400, f"tool_choice names function {name!r}, which is not in 'tools'", param="tool_choice")
         return chosen, True
     raise ProxyError(
-        400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', ...}", param="tool_choice"
+        400,
+        "tool_choice must be 'none', 'auto', 'required', {'type': 'function', ...} or {'type': 'allowed_tools', ...}",
+        param="tool_choice",
     )
+
+
+def _allowed_tool_names(choice: dict[str, Any], tools: list[dict[str, Any]]) -> frozenset[str]:
+    """The names an ``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`` choice lets the model call."""
+    allowed = choice.get("allowed_tools")
+    shape = "tool_choice.allowed_tools must be {'mode': 'auto' | 'required', 'tools': [{'type': 'function', ...}]}"
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required"):
+        raise ProxyError(400, shape, param="tool_choice")
+    refs = allowed.get("tools")
+    if not isinstance(refs, list) or not refs:
+        raise ProxyError(400, shape + " with at least one tool", param="tool_choice")
+    names: set[str] = set()
+    for i, ref in enumerate(refs):
+        fn = ref.get("function") if isinstance(ref, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ProxyError(
+                400,
+                f"tool_choice.allowed_tools.tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                param="tool_choice",
+            )
+        names.add(name)
+    missing = sorted(names - {t["function"]["name"] for t in tools})
+    if missing:
+        raise ProxyError(
+            400, f"tool_choice.allowed_tools names {missing[0]!r}, which is not in 'tools'", param="tool_choice"
+        )
+    return frozenset(names)
 
 
 def parse_response_format(body: dict[str, Any]) -> tuple[JsonKind | None, dict[str, Any] | None]:
@@ -176,8 +211,12 @@ def parse_constraints(body: dict[str, Any], tools: list[dict[str, Any]] | None) 
     """What the reply must be, from tool_choice (after parse_tools), parallel_tool_calls and response_format."""
     choice = body.get("tool_choice")
     names: frozenset[str] | None = None
-    if tools and (choice == "required" or isinstance(choice, dict)):
-        names = frozenset(t["function"]["name"] for t in tools)  # a named choice left only that tool in ``tools``
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        must_call = choice["allowed_tools"]["mode"] == "required"  # (checked by parse_tools)
+    else:
+        must_call = choice == "required" or isinstance(choice, dict)
+    if tools and must_call:
+        names = frozenset(t["function"]["name"] for t in tools)  # a named / allowed choice left only those in ``tools``
     json_kind, schema = parse_response_format(body)
     return ReplyConstraints(
         tool_names=names,
