@@ -3,10 +3,10 @@ most, response_format: see constraints.py), without leaving the client in silenc
 
 Checking a constraint and resampling can take a while (several whole generations on a CPU). A reply ready within
 ``proxy.keepalive_s`` is answered as before: a failure is a plain HTTP error (e.g. 502 ``constraint_not_met``), a
-success the replayed stream. Past that, the stream starts at once and carries keep-alives (an SSE comment, which every
-SSE parser skips) every ``keepalive_s`` until the reply is known; then the reply follows, or
-an error event in the API's streaming error format, as a stream failing mid-way reports it. A client that leaves
-cancels the sampling either way. The in-flight lease is held until the sampling ends.
+success the replayed stream. Past that, the stream starts at once and carries keep-alives (an SSE comment, which
+every SSE parser skips) every ``keepalive_s`` until the reply is known; then the reply follows, or an error event in
+the API's streaming error format, as a stream failing mid-way reports it. A client that leaves cancels the sampling
+either way. The in-flight lease is held until the sampling ends.
 """
 
 from __future__ import annotations
