@@ -8,6 +8,7 @@ backend sampled.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -65,13 +66,9 @@ def is_secret_header(name: str) -> bool:
     return lowered in SECRET_HEADERS or any(part in lowered for part in SECRET_HEADER_PARTS)
 
 
-def scrub_headers(headers: Any) -> dict[str, str]:
-    """Lower-case header names and drop credentials, so nothing secret is ever stored.
-
-    ``headers``: a mapping, or an ASGI scope's raw ``[(name, value), ...]`` byte pairs (then the first value of a
-    repeated name is kept, as ``dict(starlette_headers)`` keeps it)."""
-    if not isinstance(headers, list):
-        return {k.lower(): v for k, v in dict(headers).items() if not is_secret_header(k)}
+def scrub_headers(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """An ASGI scope's raw header pairs as ``{lower-case name: value}`` without credentials, so nothing secret is
+    ever stored. The first value of a repeated name is kept."""
     scrubbed: dict[str, str] = {}
     for raw_name, raw_value in headers:
         name = raw_name.decode("latin-1").lower()
