@@ -292,16 +292,10 @@ async def _recorded_body(
     request: Request, state: ProxyState, req: MessagesRequest, prepared: PreparedPrompt, sample: Sampled
 ) -> tuple[dict[str, Any], int]:
     """The message body for ``sample`` and the version that answered; recorded first."""
-    result, parsed = sample.result, req.constraints.visible(sample.parsed)
-    calls = anthropic_calls(parsed.tool_calls)
-    stop = stop_reason_for(result, parsed)
-    body_out = message_body(
-        req, content_blocks(parsed, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
-    )
+    visible = req.constraints.visible(sample.parsed)
     extra = capture_metadata(req.constraints, sample)
-    message = assistant_message(parsed, calls)
-    await _record(request, state, req, prepared, result, str(stop[0]), message, body_out, req.stream, extra)
-    return body_out, result.version
+    body_out = await _finish(request, state, req, prepared, sample.result, visible, stream=req.stream, extra=extra)
+    return body_out, sample.result.version
 
 
 async def _replay_as_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -470,14 +464,20 @@ async def _finish(
     prepared: PreparedPrompt,
     result: SampleResult,
     received: ParsedAssistant,
-) -> None:
-    """Record the streamed reply as the client received it, before the terminal events are sent."""
+    *,
+    stream: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Record the reply as the client receives it (a stream: before its terminal events are sent); returns the
+    message body."""
     calls = anthropic_calls(received.tool_calls)
     stop = stop_reason_for(result, received)
     body = message_body(
         req, content_blocks(received, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
     )
-    await _record(request, state, req, prepared, result, str(stop[0]), assistant_message(received, calls), body, True)
+    message = assistant_message(received, calls)
+    await _record(request, state, req, prepared, result, str(stop[0]), message, body, stream, extra)
+    return body
 
 
 routes = [
