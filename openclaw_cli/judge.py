@@ -41,14 +41,16 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from openclaw_cli.judge_prompts import (
     PROMPT_VERSION,
+    assistant_text,
     choose_hint,
     clip_middle,
     dedupe_hints,
@@ -58,8 +60,23 @@ from openclaw_cli.judge_prompts import (
     parse_vote,
     prm_messages,
     prompt_hashes,
+    state_text,
+)
+from openclaw_cli.judge_verdict import (
+    NEUTRAL_NEXT_STATE,
+    VERDICT_PROMPT_VERSION,
+    VERDICT_QUESTION,
+    VERDICT_SYSTEM,
+    VERDICT_WORDS,
+    channel_log_odds,
+    channel_prefix,
+    channel_text,
+    hint_from_next_state,
+    reward_from_log_odds,
+    verdict_log_odds,
 )
 from openclaw_cli.redaction import Redactor
+from openclaw_cli.tokenizer import flatten_content
 from openclaw_cli.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -68,6 +85,7 @@ if TYPE_CHECKING:
     from openclaw_cli.store import Store, TurnRecord
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 JUDGE_CONSUMER = "judge"
 POLICY_JUDGE_VERSION = 0  # the base model; see the module docstring
@@ -145,6 +163,45 @@ class OpenAIJudgeClient:
             raise RuntimeError("the judge endpoint returned no choices")
         return response.choices[0].message.content or ""
 
+    async def verdict_logprobs(self, messages: list[dict], words: list[str]) -> dict[str, float]:
+        """log p of each verdict word as the judge's first token, from ``top_logprobs`` (one token generated)."""
+        response = await self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            temperature=0.0,
+            max_tokens=1,
+            logprobs=True,
+            top_logprobs=TOP_LOGPROBS,
+        )
+        content = response.choices[0].logprobs.content if response.choices and response.choices[0].logprobs else None
+        if not content:
+            raise RuntimeError(
+                "the judge endpoint returned no logprobs; it cannot judge in mode 'logprob' (set judge.mode = 'vote')"
+            )
+        return words_from_top_logprobs([(alt.token, alt.logprob) for alt in content[0].top_logprobs], words)
+
+
+TOP_LOGPROBS = 20  # the most OpenAI's API returns
+
+
+def words_from_top_logprobs(alternatives: list[tuple[str, float]], words: list[str]) -> dict[str, float]:
+    """Fold first-token alternatives into per-word log-probabilities: a token counts for a word when, stripped and
+    lower-cased, it is the word or a prefix of it (at least two characters) that no other word shares."""
+    found: dict[str, float] = {}
+    for token, logprob in alternatives:
+        piece = token.strip().lower()
+        owners = [w for w in words if piece == w or (len(piece) >= 2 and w.startswith(piece))]
+        if len(owners) != 1:
+            continue
+        word = owners[0]
+        found[word] = logprob if word not in found else _logaddexp(found[word], logprob)
+    return found
+
+
+def _logaddexp(a: float, b: float) -> float:
+    high = max(a, b)
+    return high + math.log(math.exp(a - high) + math.exp(b - high))
+
 
 class LiteLLMJudgeClient:
     """A LiteLLM model string (``anthropic/claude-...``, ``gemini/...``); litellm is imported on first use."""
@@ -196,6 +253,53 @@ class PolicyJudgeClient:
         result = await self._backend.sample(prompt, params, version=self.version)
         return result.text
 
+    async def continuation_logprob(self, prefix: str, text: str) -> float:
+        """log p(text | prefix) under the judge's version (the channel readout): one teacher-forced pass."""
+        tokenizer = self._backend.tokenizer()
+        head, tail = tokenizer.encode(prefix), tokenizer.encode(text)
+        if not head or not tail:
+            raise JudgeInputError("the channel prefix and the scored text must each hold at least one token")
+        if len(head) + len(tail) > tokenizer.context_length:
+            raise JudgeInputError(f"{len(head) + len(tail)} tokens exceed the judge's {tokenizer.context_length}")
+        scored = await self._logprobs(head + tail)
+        return float(sum(v for v in scored[len(head) :] if v is not None))
+
+    async def verdict_logprobs(self, messages: list[dict], words: list[str]) -> dict[str, float]:
+        """log p of each verdict word as the judge's next token after the rendered chat (the logprob readout)."""
+        tokenizer = self._backend.tokenizer()
+        prompt = tokenizer.render(messages, add_generation_prompt=True)
+        if len(prompt) >= tokenizer.context_length:
+            raise JudgeInputError(f"judge prompt of {len(prompt)} tokens fills the {tokenizer.context_length} context")
+        candidates = {word: first_token_variants(tokenizer, word) for word in words}
+        flat = sorted({t for ids in candidates.values() for t in ids})
+        scorer = getattr(self._backend, "next_token_logprobs", None)
+        if callable(scorer):  # one forward pass for every candidate
+            values = await scorer(prompt, flat, version=self.version)
+        else:  # any backend: each candidate appended and teacher-forced (Tinker: prompt logprobs)
+            values = [float((await self._logprobs([*prompt, token]))[-1] or -math.inf) for token in flat]
+        by_token = dict(zip(flat, values, strict=True))
+        out: dict[str, float] = {}
+        for word, ids in candidates.items():
+            for token in ids:
+                lp = by_token[token]
+                out[word] = lp if word not in out else _logaddexp(out[word], lp)
+        return out
+
+    async def _logprobs(self, tokens: list[int]) -> list[float | None]:
+        if self.version in (None, POLICY_JUDGE_VERSION):
+            return await self._backend.compute_logprobs(tokens, base=self.version == POLICY_JUDGE_VERSION)
+        raise JudgeConfigError("the policy judge scores with the base (version 0) or the current version only")
+
+
+def first_token_variants(tokenizer: Any, word: str) -> list[int]:
+    """The first token of ``word`` as a reply would start it: bare or after a space, lower or capitalised."""
+    ids = set()
+    for variant in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+        encoded = tokenizer.encode(variant)
+        if encoded:
+            ids.add(int(encoded[0]))
+    return sorted(ids)
+
 
 def make_judge_client(settings: Settings, backend: Backend | None = None) -> JudgeClient:
     """The judge named by ``settings.judge``: base_url + model -> OpenAI-compatible; model alone -> LiteLLM;
@@ -218,7 +322,7 @@ def make_judge_client(settings: Settings, backend: Backend | None = None) -> Jud
 # --- the verdict ---------------------------------------------------------------------------------------------------
 @dataclass
 class Verdict:
-    score: int
+    score: float  # the reward: -1/0/+1 in vote mode, P(+1) - P(-1) (0 below the margin) in channel/logprob mode
     votes: list[int | None] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
     hint: str | None = None
@@ -226,27 +330,54 @@ class Verdict:
     reason: str = "judged"
     raw_prm: list[str] = field(default_factory=list)
     raw_hint: list[str] = field(default_factory=list)
+    mode: str = "vote"
+    log_odds: float | None = None  # channel/logprob: log-odds of progress over correction, before the margin
+    probs: dict[str, float] | None = None  # logprob mode: the verdict words' probabilities
+    hint_source: str | None = None  # "judge" | "next_state" when a hint was kept
 
     def to_json(self, *, judge_name: str, next_state_role: str | None) -> str:
-        return json.dumps(
-            {
-                "score": self.score,
-                "votes": self.votes,
-                "hints": self.hints,
-                "hint": self.hint,
-                "hint_votes": self.hint_votes,
-                "prompt_version": PROMPT_VERSION,
-                "prompt_hash": prompt_hashes(),
-                "judge": judge_name,
-                "reason": self.reason,
-                "next_state_role": next_state_role,
-                "raw": {
-                    "prm": [clip_middle(r, RAW_REPLY_CHARS) for r in self.raw_prm],
-                    "hint": [clip_middle(r, RAW_REPLY_CHARS) for r in self.raw_hint],
-                },
+        body: dict[str, Any] = {
+            "score": self.score,
+            "mode": self.mode,
+            "votes": self.votes,
+            "hints": self.hints,
+            "hint": self.hint,
+            "hint_source": self.hint_source,
+            "hint_votes": self.hint_votes,
+            "prompt_version": PROMPT_VERSION if self.mode == "vote" else VERDICT_PROMPT_VERSION,
+            "prompt_hash": prompt_hashes(),
+            "judge": judge_name,
+            "reason": self.reason,
+            "next_state_role": next_state_role,
+            "raw": {
+                "prm": [clip_middle(r, RAW_REPLY_CHARS) for r in self.raw_prm],
+                "hint": [clip_middle(r, RAW_REPLY_CHARS) for r in self.raw_hint],
             },
-            ensure_ascii=False,
+        }
+        if self.log_odds is not None:
+            body["log_odds"] = round(self.log_odds, 4)
+        if self.probs is not None:
+            body["probs"] = {k: round(v, 4) for k, v in self.probs.items()}
+        return json.dumps(body, ensure_ascii=False)
+
+
+def resolve_mode(setting: str, client: object) -> str:
+    """The readout a judge client runs: ``judge.mode``, or for ``auto`` the best one it supports (channel, then
+    logprob, then vote). Raises JudgeConfigError when the client cannot run the mode asked for."""
+    supports = {
+        "channel": callable(getattr(client, "continuation_logprob", None)),
+        "logprob": callable(getattr(client, "verdict_logprobs", None)),
+        "vote": callable(getattr(client, "complete", None)),
+    }
+    if setting == "auto":
+        return next(mode for mode in ("channel", "logprob", "vote") if supports[mode])
+    if not supports.get(setting, False):
+        name = getattr(client, "name", type(client).__name__)
+        raise JudgeConfigError(
+            f"judge.mode = {setting!r} is not supported by the judge {name} "
+            "(channel needs the policy as judge; logprob needs an endpoint that returns top_logprobs)"
         )
+    return setting
 
 
 @dataclass
@@ -315,6 +446,7 @@ class JudgeLoop:
         self._limit = asyncio.Semaphore(settings.judge.max_concurrency)
         self.stats = JudgeStats()
         self.judge_name = str(getattr(client, "name", type(client).__name__))
+        self.mode = resolve_mode(settings.judge.mode, client)
         self.redactor = Redactor.from_settings(settings)  # store.redact: secrets never reach the judge
 
     @property
@@ -361,16 +493,78 @@ class JudgeLoop:
     async def judge_turn(self, turn: TurnRecord) -> Verdict:
         """The verdict for one turn (no store access). Raises JudgeUnavailable when the judge keeps failing."""
         if not turn.next_state:
-            return Verdict(score=0, reason="no_next_state")
+            return Verdict(score=0, reason="no_next_state", mode=self.mode)
         args = (turn.messages, turn.assistant_message, turn.next_state, turn.next_state_role)
         if self.redactor.enabled:
             # store.redact: redact the turn before the prompts clip it, so no secret is cut in half at a clip
             # boundary (and half missed); a long history takes a while, so off the event loop.
             args = await asyncio.to_thread(self.redactor.redact_value, args)
+        if self.mode == "vote":
+            verdict = await self._vote(*args)
+        else:
+            verdict = await self._read_verdict(*args)
+        hint_source = self.settings.judge.hint_source
+        if verdict.hint is not None:
+            verdict.hint_source = "judge"
+        elif self.wants_hints and hint_source in ("auto", "next_state"):
+            # The user's own next message is the hint when the judge does not read it as approval: a correction
+            # or an instruction is hindsight in the user's words, even where the judge cannot write a hint.
+            next_state = args[2]
+            role = turn.next_state_role or (str(next_state[-1].get("role")) if next_state else None)
+            if role == "user" and verdict.score <= 0:
+                words = [flatten_content(m.get("content")) for m in next_state if m.get("role") == "user"]
+                hint = hint_from_next_state(words[-1]) if words else None
+                if hint is not None:
+                    verdict.hint, verdict.hints, verdict.hint_source = hint, [hint], "next_state"
+        return verdict
+
+    async def _read_verdict(
+        self,
+        history: list[dict],
+        reply: dict,
+        next_state: list[dict],
+        next_state_role: str | None,
+    ) -> Verdict:
+        """channel / logprob mode: the verdict from the judge's probabilities (see openclaw_cli.judge_verdict)."""
+        margin = self.settings.judge.margin
+        reply_text = assistant_text(reply)
+        next_text = state_text(next_state)
+        if self.mode == "channel":
+            happy, unhappy = (channel_prefix(reply_text, next_state_role, v) for v in (1, -1))
+            scored = await asyncio.gather(
+                *(
+                    self._guarded(self.client.continuation_logprob, prefix, text)  # type: ignore[attr-defined]
+                    for text in (channel_text(next_text), channel_text(NEUTRAL_NEXT_STATE))
+                    for prefix in (happy, unhappy)
+                )
+            )
+            log_odds = channel_log_odds(*scored)
+            return Verdict(
+                score=reward_from_log_odds(log_odds, margin), mode="channel", log_odds=log_odds, reason="judged"
+            )
+        words = list(VERDICT_WORDS)
+        user = f"{prm_messages(history, reply, next_state, next_state_role)[1]['content']}"
+        # The PRM prompt's context sections, with the one-word question in place of the boxed-vote one.
+        user = user.rsplit("\n\n", 1)[0] + "\n\n" + VERDICT_QUESTION
+        messages = [{"role": "system", "content": VERDICT_SYSTEM}, {"role": "user", "content": user}]
+        logprobs = await self._guarded(self.client.verdict_logprobs, messages, words)  # type: ignore[attr-defined]
+        log_odds, probs = verdict_log_odds(logprobs)
+        return Verdict(score=reward_from_log_odds(log_odds, margin), mode="logprob", log_odds=log_odds, probs=probs)
+
+    async def _vote(
+        self,
+        history: list[dict],
+        reply: dict,
+        next_state: list[dict],
+        next_state_role: str | None,
+    ) -> Verdict:
+        """vote mode: m sampled PRM votes (majority) and, for OPD, m sampled hint answers."""
+        args = (history, reply, next_state, next_state_role)
         m = self.settings.judge.votes
         temperature = self.settings.judge.temperature
         prm_prompt = prm_messages(*args)
-        hint_prompt = hint_messages(*args) if self.wants_hints else None
+        judge_hints = self.wants_hints and self.settings.judge.hint_source in ("auto", "judge")
+        hint_prompt = hint_messages(*args) if judge_hints else None
         try:
             # A TaskGroup, not gather: when one call gives up, its siblings are cancelled instead of running on.
             async with asyncio.TaskGroup() as group:
@@ -480,13 +674,17 @@ class JudgeLoop:
         return "gave_up" if first else "duplicate"
 
     async def _call(self, messages: list[dict[str, str]], temperature: float) -> str:
-        """One judge completion under the concurrency limit, retried with exponential backoff and jitter."""
+        """One judge completion (vote mode)."""
+        return await self._guarded(self.client.complete, messages, temperature=temperature, max_tokens=self.max_tokens)
+
+    async def _guarded(self, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """One judge call under the concurrency limit, retried with exponential backoff and jitter."""
         for attempt in range(self.retry_attempts):
             async with self._limit:
                 self.stats.calls += 1
                 try:
                     async with asyncio.timeout(self.call_timeout_s):
-                        return await self.client.complete(messages, temperature=temperature, max_tokens=self.max_tokens)
+                        return await call(*args, **kwargs)
                 except Exception as exc:  # CancelledError is a BaseException and passes through
                     self.stats.call_errors += 1
                     error = f"{type(exc).__name__}: {exc}"

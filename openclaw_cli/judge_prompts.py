@@ -107,7 +107,7 @@ def clip_middle(text: str, limit: int) -> str:
     return f"{text[:head]}\n[... {len(text) - head - tail} characters omitted ...]\n{text[-tail:]}"
 
 
-def _assistant_text(message: dict[str, Any]) -> str:
+def assistant_text(message: dict[str, Any]) -> str:
     parts = [flatten_content(message.get("content"))]
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
@@ -119,12 +119,12 @@ def _assistant_text(message: dict[str, Any]) -> str:
     return text or "(empty reply)"
 
 
-def _state_text(messages: Sequence[dict[str, Any]]) -> str:
+def state_text(messages: Sequence[dict[str, Any]]) -> str:
     lines = []
     for message in messages:
         role = str(message.get("role", "?"))
         label = f"[{role} {message['name']}]" if message.get("name") else f"[{role}]"
-        body = _assistant_text(message) if role == "assistant" else flatten_content(message.get("content"))
+        body = assistant_text(message) if role == "assistant" else flatten_content(message.get("content"))
         lines.append(f"{label} {body}")
     return "\n".join(lines)
 
@@ -147,9 +147,9 @@ def _turn_messages(
     role = next_state_role or (str(next_state[-1].get("role")) if next_state else "none")
     user = _TURN_TEMPLATE.substitute(
         context=clip_middle(_last_user_text(history), CONTEXT_CHARS),
-        reply=clip_middle(_assistant_text(reply), REPLY_CHARS),
+        reply=clip_middle(assistant_text(reply), REPLY_CHARS),
         role=role,
-        next_state=clip_middle(_state_text(next_state), NEXT_STATE_CHARS),
+        next_state=clip_middle(state_text(next_state), NEXT_STATE_CHARS),
         question=question,
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]

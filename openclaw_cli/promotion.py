@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import supports_version_control
+from openclaw_cli.collapse_guard import CollapseGuard
 from openclaw_cli.eval import EvalError, EvalItem, EvalOptions, PolicyChoice, evaluate
 
 if TYPE_CHECKING:
@@ -101,8 +102,12 @@ class PromotionGate:
         settings: Settings,
         *,
         options: EvalOptions | None = None,
+        evaluate: bool = True,
+        guard: CollapseGuard | None = None,
     ) -> None:
         require_gate_support(backend)
+        self.evaluate = evaluate  # the win-rate evaluation (train.promotion_gate); without it only the guard runs
+        self.guard = guard
         self.store = store
         self.backend = backend
         self.judge = judge
@@ -124,7 +129,7 @@ class PromotionGate:
             return served
         self.evaluating = candidate.version
         try:
-            decision = await self.decide(candidate.version, served.version)
+            decision = await self._guard_then_decide(candidate.version, served.version)
             if decision.promoted and backend.current_version().version != served.version:
                 decision.promoted = False
                 decision.reason = "serving changed during the evaluation (a rollback?); candidate not promoted"
@@ -144,6 +149,30 @@ class PromotionGate:
                 decision.reason,
             )
         return outcome
+
+    async def _guard_then_decide(self, candidate: int, served: int) -> GateDecision:
+        """The collapse guard first (a collapsed version also rewinds training), then the win-rate evaluation."""
+        if self.guard is not None:
+            checked = await self.guard.check(candidate)
+            if not checked.ok:
+                backend: Any = self.backend
+                try:
+                    await backend.activate(served, train_from=True)
+                except Exception:
+                    log.exception("could not rewind training to version %d after a collapse", served)
+                return GateDecision(
+                    candidate=candidate,
+                    served=served,
+                    promoted=False,
+                    reason=f"collapse guard: {checked.reason}; training rewound to version {served}",
+                    threshold=self.threshold,
+                    at=time.time(),
+                )
+        if not self.evaluate:
+            return GateDecision(
+                candidate, served, promoted=True, reason="collapse guard passed", threshold=self.threshold
+            )
+        return await self.decide(candidate, served)
 
     async def decide(self, candidate: int, served: int) -> GateDecision:
         """Evaluate ``candidate`` against ``served`` (both servable) on held-out prompts; never raises."""
@@ -185,10 +214,24 @@ class PromotionGate:
 
     def status(self) -> dict[str, Any]:
         return {
-            "enabled": True,
+            "enabled": self.evaluate,
+            "collapse_guard": self.guard.status() if self.guard is not None else {"enabled": False},
             "promoted": self.promoted,
             "held": self.held,
             "evaluating": self.evaluating,
             "threshold": self.threshold,
             "last": self.decisions[-1].to_json() if self.decisions else None,
         }
+
+
+def make_publisher(store: Store, backend: Backend, judge: JudgeClient, settings: Settings) -> PromotionGate | None:
+    """The gate a trainer publishes through: the collapse guard and/or the win-rate evaluation as configured, or
+    None for a plain ``backend.publish`` (neither is on, or only the guard is and the backend cannot stage)."""
+    train = settings.train
+    if not (train.promotion_gate or train.collapse_guard):
+        return None
+    if not train.promotion_gate and not supports_version_control(backend):
+        log.warning("backend %r cannot stage versions: the collapse guard is off", backend.name)
+        return None
+    guard = CollapseGuard(backend, settings) if train.collapse_guard else None
+    return PromotionGate(store, backend, judge, settings, evaluate=train.promotion_gate, guard=guard)

@@ -213,11 +213,10 @@ async def launch(
         client = judge_client if judge_client is not None else make_judge_client(settings, backend)
         judge = JudgeLoop(store, client, settings)
         trainer = TrainerLoop(store, backend, settings)
-        gate = None
-        if settings.train.promotion_gate:
-            from openclaw_cli.promotion import PromotionGate
+        from openclaw_cli.promotion import make_publisher
 
-            gate = PromotionGate(store, backend, client, settings)
+        gate = make_publisher(store, backend, client, settings)
+        if gate is not None:
             trainer.publisher = gate.publish
         await trainer.resume()
         app = create_app(backend, sink, settings)

@@ -44,8 +44,27 @@ class JudgeSettings(_Section):
     )
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the judge.")
     api_key: SecretStr | None = Field(None, description="Key for the judge endpoint.")
-    votes: int = Field(3, ge=1, le=15, description="PRM votes per turn (majority; tie or none valid -> 0).")
-    temperature: float = Field(0.6, ge=0.0, le=2.0)
+    mode: Literal["auto", "channel", "logprob", "vote"] = Field(
+        "auto",
+        description="How a verdict is read (see openclaw_cli/judge_verdict.py): channel = likelihood of the next "
+        "state after a happy vs an unhappy prefix (policy judge only); logprob = the judge's next-token distribution "
+        "over good/bad/unclear (policy judge, or an OpenAI-compatible endpoint with top_logprobs); vote = sampled "
+        "chain-of-thought votes with majority (strong judges). auto = channel for the policy judging itself, "
+        "logprob for an OpenAI-compatible endpoint, vote for a LiteLLM model.",
+    )
+    margin: float = Field(
+        1.0,
+        ge=0.0,
+        description="channel/logprob: a verdict whose log-odds of progress over correction is smaller than this "
+        "in size scores 0 (masked out). 1.0 measured on bench/judge_accuracy.py with SmolLM2-135M.",
+    )
+    hint_source: Literal["auto", "judge", "next_state", "off"] = Field(
+        "auto",
+        description="OPD hints: judge = written by the judge (vote mode); next_state = the user's own next message "
+        "when the judge does not read it as approval; auto = the judge's hint when it wrote one, else next_state.",
+    )
+    votes: int = Field(3, ge=1, le=15, description="vote mode: PRM votes per turn (majority; tie or none -> 0).")
+    temperature: float = Field(0.6, ge=0.0, le=2.0, description="vote mode: sampling temperature of the judge.")
     max_concurrency: int = Field(4, ge=1, le=256)
 
 
@@ -72,6 +91,21 @@ class TrainSettings(_Section):
         ge=0.0,
         lt=1.0,
         description="Binary RL running-mean reward baseline (EMA decay); 0 = no baseline, as the reference method.",
+    )
+    kl_coef: float = Field(
+        0.1,
+        ge=0.0,
+        description="KL anchor to the base model: beta * (log pi_old - log pi_base) is subtracted from every "
+        "trained token's advantage (0 = off).",
+    )
+    collapse_guard: bool = Field(
+        True,
+        description="Probe each new version (repetition, empty replies, KL to base) before it serves; a failing "
+        "version never serves and training rewinds to the served one (openclaw_cli/collapse_guard.py).",
+    )
+    guard_max_kl: float = Field(1.0, gt=0.0, description="Collapse guard: largest per-token KL estimate to base.")
+    guard_min_distinct: float = Field(
+        0.5, ge=0.0, le=1.0, description="Collapse guard: smallest distinct-word ratio of a probe reply."
     )
     max_staleness: int = Field(4, ge=0, description="Samples older than this many policy versions are dropped.")
     checkpoint_every: int = Field(20, ge=1)

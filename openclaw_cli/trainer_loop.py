@@ -473,6 +473,9 @@ class TrainerLoop:
             hint = verdict.get("hint")
             if self.settings.method != "rl" and isinstance(hint, str) and hint.strip():
                 teacher = await self._teacher_logprobs(turn, hint)
+            base = None
+            if self.settings.train.kl_coef > 0 and turn.version != 0:  # version 0 is the base: the penalty is 0
+                base = await self._base_logprobs(turn)
             samples.append(
                 TrainSample(
                     turn_id=turn.id,
@@ -484,6 +487,7 @@ class TrainerLoop:
                     reward=reward,
                     teacher_logprobs=teacher,
                     has_next_state=turn.next_state is not None,
+                    base_logprobs=base,
                 )
             )
         return samples, rewards, unusable
@@ -497,6 +501,20 @@ class TrainerLoop:
             log.warning("turn %d: cannot score the OPD teacher (%s); using its reward only", turn.id, exc)
             return None
         tail = scored[len(prompt) :]
+        if len(tail) != len(turn.completion_tokens) or any(v is None for v in tail):
+            return None
+        return [float(v) for v in tail if v is not None]
+
+    async def _base_logprobs(self, turn: TurnRecord) -> list[float] | None:
+        """log pi_base(a_t | prompt) for the completion tokens (the KL anchor), or None when it cannot be scored."""
+        try:
+            scored = await self.backend.compute_logprobs(
+                list(turn.prompt_tokens) + list(turn.completion_tokens), base=True
+            )
+        except Exception as exc:
+            log.warning("turn %d: cannot score the base model for the KL anchor (%s)", turn.id, exc)
+            return None
+        tail = scored[len(turn.prompt_tokens) :]
         if len(tail) != len(turn.completion_tokens) or any(v is None for v in tail):
             return None
         return [float(v) for v in tail if v is not None]

@@ -132,3 +132,27 @@ def test_at_least_one_sample_per_session_rule() -> None:
     assert datums[1].loss_fn_inputs["advantages"] == pytest.approx([0.125, 0.125])  # 1-token prompt: no pad
     # OPD has no reward term: the rule does not apply
     assert build_datums(samples, "opd", train, current_version=0)[1] == []
+
+
+def test_kl_anchor_subtracts_beta_times_old_minus_base_on_trained_tokens() -> None:
+    train = TrainSettings(kl_coef=0.5)
+    # sampler (old) logprobs -1, -1; the base gave -2 and -0.5: the policy likes token 1 more than the base did
+    sample = TrainSample(1, "s", [5], [9, 9], [-1.0, -1.0], 1, reward=1, base_logprobs=[-2.0, -0.5])
+    datums, ids = build_datums([sample], "rl", train, current_version=1)
+    assert ids == [1]
+    # A_t = 1 - 0.5 * (old - base) = [1 - 0.5, 1 + 0.25], divided by 2 tokens * 1 sample
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.25, 0.625])
+    # without base logprobs (a version-0 sample: old is the base) the penalty is 0
+    plain = TrainSample(2, "s", [5], [9, 9], [-1.0, -1.0], 0, reward=1)
+    assert build_datums([plain], "rl", train, current_version=1)[0][0].loss_fn_inputs["advantages"] == pytest.approx(
+        [0.5, 0.5]
+    )
+
+
+def test_a_batch_without_signal_gives_no_datums() -> None:
+    # Only "at least one per session" samples with score 0 and no baseline: every advantage is 0, so no step.
+    samples = [_sample(1, 0), TrainSample(2, "t", [5], [9], [-1.0], 0, reward=0)]
+    assert build_datums(samples, "rl", TrainSettings(), current_version=0) == ([], [])
+    # with a baseline the same samples carry a signal (pushed down by how much better the policy usually does)
+    datums, ids = build_datums(samples, "rl", TrainSettings(), current_version=0, baseline=0.5)
+    assert ids == [1, 2]

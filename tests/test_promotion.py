@@ -252,6 +252,7 @@ async def test_launch_wires_the_gate_into_training_and_status(tiny_tokenizer: An
             promotion = (await http.get("/v1/openclaw/status")).json()["loops"]["promotion"]
         assert promotion == {
             "enabled": True,
+            "collapse_guard": {"enabled": True, "held": 0, "last": None},
             "promoted": 0,
             "held": 0,
             "evaluating": None,

@@ -123,6 +123,9 @@ def exchange(session: str, messages: list[dict[str, Any]], completion: list[int]
 class World:
     def __init__(self, tmp_path: Path, tokenizer: Any, **train: Any) -> None:
         train.setdefault("batch_size", 2)
+        # These tests check the RL advantages by hand; the KL anchor has its own tests (test_algorithms.py).
+        train.setdefault("kl_coef", 0.0)
+        train.setdefault("collapse_guard", False)
         self.settings = Settings(
             train=TrainSettings(**train), local=LocalSettings(state_dir=tmp_path / "ckpt"), method="rl"
         )

@@ -168,6 +168,12 @@ class LocalBackend:
 
         return await self._require_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
 
+    async def next_token_logprobs(
+        self, prompt_tokens: list[int], candidates: list[int], *, version: int | None = None
+    ) -> list[float]:
+        """log p(c | prompt) for each candidate token, one forward pass (the judge's verdict readout)."""
+        return await self._require_sampler().next_token_logprobs(prompt_tokens, candidates, version=version)
+
     # -- training -----------------------------------------------------------------------------------------------
 
     async def forward_backward(

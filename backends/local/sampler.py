@@ -172,6 +172,16 @@ def teacher_forced_logprobs(model: nn.Module, tokens: Sequence[int], device: tor
         return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1).tolist()
 
 
+def next_token_logprobs(
+    model: nn.Module, prompt: Sequence[int], candidates: Sequence[int], device: torch.device
+) -> list[float]:
+    """log p(c | prompt) for each candidate token c, from one forward pass (call under the version to score)."""
+    with torch.inference_mode():
+        input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
+        logits = model(input_ids=input_ids, use_cache=False).logits[0, -1].float()
+        return torch.log_softmax(logits, dim=-1)[list(candidates)].tolist()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The sampler
 
@@ -252,6 +262,29 @@ class TransformersSampler:
             raise BackendError("the local sampler is closed", retryable=True) from exc
         values = await asyncio.wrap_future(future)
         return [None, *values]
+
+    async def next_token_logprobs(
+        self, prompt: list[int], candidates: list[int], *, version: int | None = None
+    ) -> list[float]:
+        """log p(c | prompt) for each candidate token under a version (the current one by default)."""
+        served = self._versions.acquire(version)
+        self._check_tokens(prompt, "prompt")
+        self._check_tokens(candidates, "candidates")
+        if not prompt or len(prompt) >= self.context_length:
+            raise BackendError(
+                f"a prompt of {len(prompt)} tokens leaves no room for one more in a {self.context_length} context",
+                status_code=400,
+            )
+
+        def score() -> list[float]:
+            with self._versions.activate(served):
+                return next_token_logprobs(self._model, prompt, candidates, self._device)
+
+        try:
+            future = self._scoring_executor.submit(score)
+        except RuntimeError as exc:
+            raise BackendError("the local sampler is closed", retryable=True) from exc
+        return await asyncio.wrap_future(future)
 
     def close(self) -> None:
         """Stop accepting work; running loops see their consumers go away and stop at the next token."""

@@ -27,6 +27,7 @@ class TrainSample:
     reward: float | None = None  # PRM majority in {-1, 0, +1}; None = not judged for RL
     teacher_logprobs: list[float] | None = None  # log pi_teacher(a_t | s + hint); None = no accepted hint
     has_next_state: bool = True  # False when the session ended right after this turn
+    base_logprobs: list[float] | None = None  # log pi_base(a_t | s) for the KL anchor; None = same as the sampler's
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
@@ -35,6 +36,21 @@ def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
 
 
 def _advantages(sample: TrainSample, method: Method, train: TrainSettings, baseline: float) -> list[float] | None:
+    advantages = _signal(sample, method, train, baseline)
+    if advantages is None or train.kl_coef == 0 or sample.base_logprobs is None:
+        return advantages
+    return kl_anchored(advantages, sample.sampler_logprobs, sample.base_logprobs, train.kl_coef)
+
+
+def kl_anchored(advantages: list[float], old: list[float], base: list[float], coef: float) -> list[float]:
+    """A_t - beta * (log pi_old(a_t) - log pi_base(a_t)): the per-token KL penalty to the base folded into the
+    advantage, so a token the policy now likes more than the base did is pushed back in proportion."""
+    if not len(advantages) == len(old) == len(base):
+        raise ValueError("advantages, sampler and base logprobs differ in length")
+    return [a - coef * (o - b) for a, o, b in zip(advantages, old, base, strict=True)]
+
+
+def _signal(sample: TrainSample, method: Method, train: TrainSettings, baseline: float) -> list[float] | None:
     n = len(sample.completion_tokens)
     if method == "rl":
         if sample.reward is None or sample.reward == 0:
@@ -73,6 +89,9 @@ def build_datums(
       advantage ``w_rl * (0 - baseline)``. Without a baseline that adds no gradient, only a share of the
       normalisation (as a loss-mask-1 sample does in the reference method); with ``train.baseline_decay`` it
       pushes an "ambiguous" turn down by how much better than that the policy usually does.
+    - A batch in which every advantage is 0 gives no datums: a step without signal publishes nothing.
+    - KL anchor (``train.kl_coef``): a sample with signal and ``base_logprobs`` gets
+      ``-kl_coef * (log pi_old - log pi_base)`` added to each token's advantage (:func:`kl_anchored`).
     - Loss normalisation: backends sum over tokens, so each sample's advantages are divided by its length and by
       the number of samples: the step optimises the mean over samples of the per-sample token mean.
     """
@@ -96,6 +115,10 @@ def build_datums(
                 n = len(sample.completion_tokens)
                 kept.append((sample, [weight * a for a in binary_rl_advantages(0.0, n, baseline)]))
         kept.sort(key=lambda item: item[0].turn_id)
+    if all(a == 0.0 for _, advantages in kept for a in advantages):
+        # No sample carries a signal (e.g. only the "at least one" samples of an all-zero batch, no baseline): a
+        # step would change nothing but Adam's moments, and publishing it would call an unchanged policy new.
+        return [], []
     datums = []
     for sample, advantages in kept:
         scale = 1.0 / (len(advantages) * len(kept))

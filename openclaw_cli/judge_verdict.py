@@ -1,0 +1,99 @@
+"""Verdicts read from the judge model's own probabilities instead of its generated text (pure functions, no I/O).
+
+Two readouts, each a few forward passes per turn and always a verdict (no ``\\boxed{}`` to fail to parse):
+
+- **channel** (the default for the policy judging itself): how much more likely the judge model finds the next state
+  after "the user was happy with that answer and said:" than after "... unhappy ... and complained:", each prefix
+  holding the assistant's reply. The log-likelihood ratio is calibrated by subtracting the same ratio for a
+  content-free next state (:data:`NEUTRAL_NEXT_STATE`), which removes the prefixes' own bias ("Calibrate Before
+  Use", Zhao et al. 2021). On a 24-item hand-labelled set (``bench/judge_accuracy.py``) SmolLM2-135M scored this way
+  separates satisfied from correcting next states with AUC 0.85, where asking it "yes or no" directly is at chance
+  (AUC 0.47-0.51, it answers "no" to everything) and three sampled chains of thought give almost no parsable vote.
+- **logprob**: the judge's next-token distribution over three verdict words after a short question (one forward
+  pass, GenRM-style); for judges strong enough to answer directly (an OpenAI-compatible endpoint returning
+  ``top_logprobs``, or a larger policy).
+
+Either way the result is a log-odds ``x`` of progress over correction; the reward is ``P(+1) - P(-1) = tanh(x / 2)``
+and 0 when ``|x|`` is below the confidence margin (``judge.margin``), so an unsure judge masks the turn out instead of
+training on a coin flip.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from openclaw_cli.judge_prompts import clip_middle
+
+VERDICT_PROMPT_VERSION = "verdict-v1"
+
+# The next state as the judge reads it, and the reply inside the channel prefixes: short, so a verdict stays cheap.
+CHANNEL_REPLY_CHARS = 400
+CHANNEL_NEXT_STATE_CHARS = 600
+NEUTRAL_NEXT_STATE = "OK."
+_CHANNEL_PREFIX = "The assistant said: {reply}\nThe {who} was {mood}"
+_MOODS = {1: "happy with that answer and said:", -1: "unhappy with that answer and complained:"}
+
+# logprob mode: three words whose first tokens differ in the usual tokenizers.
+VERDICT_WORDS: dict[str, int] = {"good": 1, "bad": -1, "unclear": 0}
+VERDICT_SYSTEM = (
+    "You grade one reply of an AI assistant by what came right after it: the user's next message or the output of a "
+    "tool it called. Answer with one word: good (it worked, or the user accepts it and moves on), bad (the user "
+    "corrects or complains, or the tool reports an error), or unclear."
+)
+VERDICT_QUESTION = "Given what came next, was the assistant's reply good, bad, or unclear? Answer with one word."
+
+HINT_CHARS = 300  # a user's correction longer than this is clipped before it becomes a teacher hint
+_SPECIAL_TOKEN = re.compile(r"<\|[^|<>]{0,40}\|>|</?s>|\[/?INST\]")
+
+
+def _who(next_state_role: str | None) -> str:
+    return "user" if next_state_role in (None, "user") else "program"
+
+
+def channel_prefix(reply_text: str, next_state_role: str | None, verdict: int) -> str:
+    """The text the judge continues with the next state, for ``verdict`` +1 (happy) or -1 (unhappy)."""
+    reply = " ".join(clip_middle(reply_text, CHANNEL_REPLY_CHARS).split()) or "(nothing)"
+    return _CHANNEL_PREFIX.format(reply=reply, who=_who(next_state_role), mood=_MOODS[verdict])
+
+
+def channel_text(next_state_text: str) -> str:
+    """The next state as the continuation the judge scores (whitespace collapsed, clipped)."""
+    return " " + (" ".join(clip_middle(next_state_text, CHANNEL_NEXT_STATE_CHARS).split()) or "(nothing)")
+
+
+def channel_log_odds(happy: float, unhappy: float, neutral_happy: float, neutral_unhappy: float) -> float:
+    """Calibrated log-odds of progress: log p(next | happy) - log p(next | unhappy), minus the same for the neutral
+    next state."""
+    return (happy - unhappy) - (neutral_happy - neutral_unhappy)
+
+
+def verdict_log_odds(logprobs: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    """From the judge's log-probabilities of the verdict words (missing = never), the log-odds of good over bad and
+    the three probabilities renormalised over the verdicts."""
+    probs = {word: math.exp(logprobs[word]) if word in logprobs else 0.0 for word in VERDICT_WORDS}
+    total = sum(probs.values())
+    if total <= 0.0:
+        return 0.0, {word: 0.0 for word in VERDICT_WORDS}
+    probs = {word: p / total for word, p in probs.items()}
+    floor = 1e-9  # a verdict the judge never gives still leaves a finite log-odds
+    return math.log(max(probs["good"], floor)) - math.log(max(probs["bad"], floor)), probs
+
+
+def reward_from_log_odds(log_odds: float, margin: float) -> float:
+    """``P(+1) - P(-1) = tanh(x / 2)`` for a two-way log-odds ``x``; 0 when ``|x| < margin`` (not confident)."""
+    if not math.isfinite(log_odds) or abs(log_odds) < margin:
+        return 0.0
+    return math.tanh(log_odds / 2.0)
+
+
+def hint_from_next_state(text: str) -> str | None:
+    """The user's own next message as an OPD hint: template control tokens removed, whitespace collapsed, clipped,
+    quoted as the user's words (so the teacher reads it as feedback, not as a new question). None when empty."""
+    cleaned = " ".join(_SPECIAL_TOKEN.sub(" ", text).split())
+    if not cleaned:
+        return None
+    if len(cleaned) > HINT_CHARS:
+        cleaned = cleaned[: HINT_CHARS - 3].rstrip() + "..."
+    return f'The user\'s feedback on an earlier answer: "{cleaned}"'
