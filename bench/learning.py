@@ -1,30 +1,24 @@
-"""Does the loop learn? A scripted user corrects one behaviour; watch reward and behaviour per training step.
+"""Does the bot internalize a correction? Train with the defaults, then ask held-out questions without it.
 
-    python bench/learning.py [--minutes 5] [--model smollm2|tiny|PATH] [--max-words 20]
+    python bench/learning.py [--minutes 8] [--seeds 0 1 2] [--judge policy|scripted] [--control] [--plot-dir DIR]
 
-Everything runs in one process on the real pieces: the local backend (the embedded SmolLM2-135M-Instruct by
-default), the proxy app with capture into a temporary SQLite store (served by uvicorn on 127.0.0.1), the judge loop
-(:class:`openclaw_cli.judge.JudgeLoop`) with the policy itself as judge (``make_judge_client`` with no judge model:
-the frozen base version), and the trainer loop (:class:`openclaw_cli.trainer_loop.TrainerLoop`, Binary RL).
+Everything runs in one process on the real pieces, with ``Settings()`` defaults (nothing tuned here): the local
+backend with the embedded SmolLM2-135M-Instruct, the proxy with capture into a temporary SQLite store (uvicorn on
+127.0.0.1), the judge loop with the policy judging itself (``make_judge_client``; ``judge.mode = auto``), the trainer
+loop and the publisher ``openclaw launch`` uses (collapse guard).
 
-The scripted users ask short factual questions over the OpenAI API with an ``X-Session-Id``. The behaviour they
-want: a right answer (it names one of the question's key words) in at most ``--max-words`` words. A longer reply
-gets a correction as the next message ("No, that is far too long ..."), a short one that misses the point gets
-"No, that does not answer my question", a good one gets thanks and the next question, so the next state carries
-the signal the judge should read. For every training step the script prints the judge's mean reward of the step's
-batch and, measured independently by the user's own rule, the share of replies since the previous step that were
-good (short and right). At the end it compares the first and last thirds of the run and shows a few replies.
+Scripted users ask the :data:`QUESTIONS` (training questions) over the OpenAI API with an ``X-Session-Id`` and want
+brevity: a reply over ``--max-words`` words gets :data:`CORRECTION`, a short one that misses the point gets
+:data:`WRONG`, a good one gets thanks and the next question. Per training step the script prints the judge's mean
+reward and the share of good replies (the users' own rule).
 
-What to expect: the judge is a 135M model reading its own transcripts; it rarely answers with a valid
-``\\boxed{}`` vote, so most turns score 0 and are masked out, and few or no training steps happen. ``--judge
-scripted`` swaps in a rule that reads the user's reaction (the control: is the trainer learning when the reward is
-right?). The behaviour column is the ground truth of whether the policy learned.
-
-Seen on a shared 2-core CPU, SmolLM2, 8-10 min runs: the policy as judge gave almost no valid vote (2 steps, 2
-samples in 8 min). With the scripted judge and a length-only rule (an earlier version of this script), lr 1e-3, the
-short-reply share went 56% -> 100% in about 15 steps, by collapsing to "The answer is:" (reward hacking the rule).
-With the current rule (short and right), the 135M model is almost never right at first, every batch is all -1, and
-at lr 1e-3 the policy degenerated to gibberish within 20 steps: Binary RL without a baseline only pushes down.
+The learning claim is measured on :data:`HELD_OUT` questions, never asked in training, at temperature 0: before
+training plain and *told* (the user's instruction :data:`INSTRUCTION` added to the question), and after training plain.
+Pass: after-training plain replies at least 40% shorter than before and at most 1.2x the told model's length;
+keyword-hit rate at least the told model's minus 0.10; distinct-word ratio at least 0.5. ``--judge scripted`` swaps
+the judge for a rule that reads the users' reactions (the control: does training learn when the reward is right?);
+``--control`` runs it beside the default judge for every seed. ``--plot-dir`` writes each run's reward-over-steps PNG
+(the plot ``openclaw eval --plot`` draws).
 """
 
 from __future__ import annotations
@@ -67,6 +61,26 @@ QUESTIONS: dict[str, tuple[str, ...]] = {
     "How does a rainbow form?": ("refract", "reflect", "droplet", "prism"),
     "What is DNA?": ("genetic", "gene", "deoxyribo", "hered"),
 }
+# Asked only before and after training, never by the users: the learning claim is measured on these.
+HELD_OUT: dict[str, tuple[str, ...]] = {
+    "What is the capital of Japan?": ("tokyo",),
+    "Why do leaves change color in autumn?": ("chlorophyll", "pigment"),
+    "What is the chemical symbol for gold?": ("au",),
+    "Who painted the Mona Lisa?": ("leonardo", "vinci"),
+    "How many continents are there?": ("seven", "7"),
+    "What is the freezing point of water?": ("0", "32", "zero"),
+    "What do plants need to grow?": ("water", "light", "sun"),
+    "What is the largest planet in our solar system?": ("jupiter",),
+    "Why do we need to sleep?": ("rest", "repair", "memory", "brain", "energy"),
+    "What is a volcano?": ("magma", "lava", "erupt"),
+    "What causes tides?": ("moon", "gravit"),
+    "What is the main gas in the air we breathe?": ("nitrogen",),
+    "How many days are in a leap year?": ("366",),
+    "What does the heart do?": ("pump", "blood"),
+    "What is an atom?": ("particle", "matter", "proton", "electron", "nucleus", "smallest"),
+    "Who was the first person to walk on the moon?": ("armstrong",),
+}
+INSTRUCTION = "Answer in one short sentence."
 CORRECTION = "No, that is far too long. Answer in one short sentence, please."
 WRONG = "No, that does not answer my question. Try again."
 THANKS = "Thanks, short and clear. Next question: {question}"
@@ -109,7 +123,7 @@ class Observed:
 async def scripted_user(
     client: Any, user: int, args: argparse.Namespace, observed: Observed, stop: asyncio.Event
 ) -> None:
-    rng = random.Random(user)
+    rng = random.Random(args.seed * 1000 + user)
     while not stop.is_set():
         session = f"user{user}-{uuid.uuid4().hex[:8]}"
         question = rng.choice(list(QUESTIONS))
@@ -140,23 +154,15 @@ async def scripted_user(
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
 
 
-def build_settings(args: argparse.Namespace, work: Path) -> Any:
+def build_settings(args: argparse.Namespace, work: Path, seed: int) -> Any:
+    """``Settings()`` defaults; only where things are written, the seed, and the model name the users send."""
     from openclaw_cli.settings import Settings
 
-    if args.model == "tiny":
-        from openclaw_cli.testing.tiny_model import save_tiny_model
-
-        model: str | None = str(save_tiny_model(work / "tiny-model"))
-    else:
-        model = None if args.model == "smollm2" else args.model
+    model = None if args.model == "smollm2" else args.model
     return Settings(
         model=model,
-        method="rl",
-        judge={"votes": args.votes, "max_concurrency": 2},
-        lora={"rank": args.rank, "alpha": args.rank * 2},
-        train={"lr": args.lr, "batch_size": args.batch_size, "checkpoint_every": 1000},
         store={"path": work / "store.sqlite3"},
-        local={"state_dir": work / "ckpt", "device": "auto", "keep_versions": 3, "max_concurrent_requests": 4},
+        local={"state_dir": work / "ckpt", "seed": seed},
         proxy={"accept_any_model": True},
     )
 
@@ -226,41 +232,93 @@ def summarize(observed: Observed, rows: list[tuple], started: float, ended: floa
         print("no step recorded a reward (nothing was judged ±1, or no step ran): see the judge/trainer stats above")
 
 
-async def main_async(args: argparse.Namespace) -> int:
+@dataclass
+class HeldOut:
+    """Replies to the held-out questions (temperature 0) and their measures."""
+
+    replies: list[str]
+    words: float  # mean words per reply
+    hits: float  # share naming one of the question's key words
+    distinct: float  # mean distinct-word ratio
+
+    @classmethod
+    def of(cls, replies: list[str]) -> HeldOut:
+        from openclaw_cli.collapse_guard import distinct_ratio
+
+        keys = list(HELD_OUT.values())
+        hits = [any(k in r.lower() for k in ks) for r, ks in zip(replies, keys, strict=True)]
+        return cls(
+            replies,
+            sum(word_count(r) for r in replies) / len(replies),
+            sum(hits) / len(hits),
+            sum(distinct_ratio(r) for r in replies) / len(replies),
+        )
+
+
+async def ask_held_out(backend: Any, *, told: bool, max_tokens: int, version: int | None = None) -> HeldOut:
+    """Every held-out question, greedy, plain or with the user's instruction added."""
+    from openclaw_cli.types import SamplingParams
+
+    tokenizer = backend.tokenizer()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    replies = []
+    for question in HELD_OUT:
+        text = f"{question} {INSTRUCTION}" if told else question
+        prompt = tokenizer.render([{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}])
+        result = await backend.sample(prompt, params, version=version)
+        replies.append(result.text.strip())
+    return HeldOut.of(replies)
+
+
+@dataclass
+class RunResult:
+    seed: int
+    judge: str
+    after: HeldOut
+    steps: int
+    held_back: int
+    minutes: float
+    rows: list[tuple] = field(default_factory=list)
+
+
+async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_dir: Path | None) -> RunResult:
+    """One run from the base model: users + judge + trainer for ``--minutes``, then the held-out questions."""
     import httpx
 
     from backends.local import LocalBackend
     from openclaw_cli.judge import JudgeLoop, make_judge_client
+    from openclaw_cli.promotion import make_publisher
     from openclaw_cli.proxy import create_app
     from openclaw_cli.sessions import SessionCapture
     from openclaw_cli.store import Store
     from openclaw_cli.trainer_loop import TrainerLoop
 
+    args.seed = seed
+    random.seed(seed)
     with tempfile.TemporaryDirectory(prefix="openclaw-learning-bench-") as tmp:
         work = Path(tmp)
-        settings = build_settings(args, work)
+        settings = build_settings(args, work, seed)
         backend = LocalBackend(settings)
-        t0 = time.perf_counter()
         await backend.start()
-        print(f"model: {settings.model or 'embedded SmolLM2-135M-Instruct'} loaded in {time.perf_counter() - t0:.1f}s")
         store = Store(settings.store.path)
         server, server_task, base_url = await serve(create_app(backend, SessionCapture(store, settings), settings))
-        client = ScriptedRewardJudge() if args.judge == "scripted" else make_judge_client(settings, backend)
-        judge = JudgeLoop(store, client, settings, max_tokens=args.judge_max_tokens, poll_s=0.5)
-        trainer = TrainerLoop(store, backend, settings, poll_s=0.5)
+        client = ScriptedRewardJudge() if judge_kind == "scripted" else make_judge_client(settings, backend)
+        judge = JudgeLoop(store, client, settings)
+        trainer = TrainerLoop(store, backend, settings)
+        gate = make_publisher(store, backend, client, settings)
+        if gate is not None:
+            trainer.publisher = gate.publish
         print(
-            f"judge: {judge.judge_name}, {settings.judge.votes} vote(s); training: {settings.method}, batch "
-            f"{settings.train.batch_size}, lr {settings.train.lr}, LoRA rank {settings.lora.rank}; users: {args.users} "
-            f"x {args.turns} turns/session; goal: right answers in at most {args.max_words} words; {args.minutes} min"
+            f"\n=== seed {seed}, judge {judge.judge_name} ({judge.mode}); method {settings.method}, batch "
+            f"{settings.train.batch_size}, lr {settings.train.lr}, LoRA r{settings.lora.rank}, "
+            f"KL {settings.train.kl_coef}; {args.users} users x {args.turns} turns; {args.minutes} min"
         )
         stop_users, stop_loops, stop_report = asyncio.Event(), asyncio.Event(), asyncio.Event()
         observed = Observed()
         started = time.time()
-        async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+        async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
             loops = [asyncio.create_task(judge.run(stop_loops)), asyncio.create_task(trainer.run(stop_loops))]
-            users = [
-                asyncio.create_task(scripted_user(client, u, args, observed, stop_users)) for u in range(args.users)
-            ]
+            users = [asyncio.create_task(scripted_user(http, u, args, observed, stop_users)) for u in range(args.users)]
             reporter = asyncio.create_task(report_steps(store, observed, started, stop_report))
             try:
                 await asyncio.sleep(args.minutes * 60)
@@ -271,40 +329,89 @@ async def main_async(args: argparse.Namespace) -> int:
                 await asyncio.gather(*loops, return_exceptions=True)
                 stop_report.set()
                 rows = await reporter
-        ended = time.time()
-        summarize(observed, rows, started, ended)
+        summarize(observed, rows, started, time.time())
         print(
             f"judged {judge.stats.judged} turns (last error: {judge.stats.last_error}); trainer: "
-            f"{trainer.stats.steps} steps, {trainer.stats.trained_samples} samples, failures "
-            f"{trainer.stats.failures} (last error: {trainer.stats.last_error})"
+            f"{trainer.stats.steps} steps, {trainer.stats.trained_samples} samples (last error: "
+            f"{trainer.stats.last_error}); served version {backend.current_version().version}"
         )
+        held_back = gate.guard.held if gate is not None and gate.guard is not None else 0
+        if plot_dir is not None and rows:
+            from openclaw_cli.eval import plot_reward_over_steps
+
+            plot_dir.mkdir(parents=True, exist_ok=True)
+            path = plot_dir / f"learning-{judge_kind}-seed{seed}.png"
+            plot_reward_over_steps(store.steps(), path)
+            print(f"reward-over-steps plot: {path}")
+        after = await ask_held_out(backend, told=False, max_tokens=args.max_tokens)
         server.should_exit = True
         with contextlib.suppress(Exception):
             await server_task
         await backend.close()
         store.close()
+    return RunResult(seed, judge_kind, after, len(rows), held_back, args.minutes, rows)
+
+
+def verdict_line(before: HeldOut, told: HeldOut, after: HeldOut) -> tuple[bool, str]:
+    shorter = 1 - after.words / before.words if before.words else 0.0
+    checks = {
+        ">=40% shorter": shorter >= 0.40,
+        "<=1.2x told": after.words <= 1.2 * told.words,
+        "hits >= told-0.10": after.hits >= told.hits - 0.10,
+        "distinct >= 0.5": after.distinct >= 0.5,
+    }
+    text = ", ".join(f"{name} {'ok' if ok else 'FAIL'}" for name, ok in checks.items())
+    return all(checks.values()), f"{100 * shorter:.0f}% shorter; {text}"
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    from backends.local import LocalBackend
+    from openclaw_cli.settings import Settings
+
+    base = LocalBackend(build_settings(args, Path(tempfile.gettempdir()), 0) if args.model != "smollm2" else Settings())
+    await base.start()
+    before = await ask_held_out(base, told=False, max_tokens=args.max_tokens)
+    told = await ask_held_out(base, told=True, max_tokens=args.max_tokens)
+    await base.close()
+    print(f"held-out ({len(HELD_OUT)} questions, temperature 0, never trained on):")
+    print(f"  before, plain: {before.words:5.1f} words, hits {before.hits:.2f}, distinct {before.distinct:.2f}")
+    print(f"  before, told:  {told.words:5.1f} words, hits {told.hits:.2f}, distinct {told.distinct:.2f}")
+    judges = ["policy", "scripted"] if args.control else [args.judge]
+    results = [await train_once(args, seed, kind, args.plot_dir) for seed in args.seeds for kind in judges]
+    print("\n=== held-out after training, plain (before / told as above)")
+    print(f"{'judge':>9}{'seed':>6}{'steps':>7}{'held':>6}{'words':>8}{'hits':>7}{'distinct':>10}  verdict")
+    passed = 0
+    for r in results:
+        ok, line = verdict_line(before, told, r.after)
+        passed += ok and r.judge == "policy"
+        print(
+            f"{r.judge:>9}{r.seed:>6}{r.steps:>7}{r.held_back:>6}{r.after.words:>8.1f}{r.after.hits:>7.2f}"
+            f"{r.after.distinct:>10.2f}  {'PASS' if ok else 'fail'}: {line}"
+        )
+    for r in results[:1]:
+        print(f"\nexamples (seed {r.seed}, {r.judge}):")
+        for q, b, a in list(zip(HELD_OUT, before.replies, r.after.replies, strict=True))[:4]:
+            print(f"  Q: {q}\n    before: {b!r}\n    after:  {a!r}")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2", help="smollm2 (embedded default), tiny, or a model path")
-    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--model", default="smollm2", help="smollm2 (embedded default) or a model path")
+    parser.add_argument("--minutes", type=float, default=8.0, help="training time per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-words", type=int, default=20, help="the length limit the users want")
-    parser.add_argument("--max-tokens", type=int, default=64, help="policy reply limit")
+    parser.add_argument("--max-tokens", type=int, default=64, help="reply limit (users and held-out)")
     parser.add_argument("--users", type=int, default=2, help="concurrent scripted users")
     parser.add_argument("--turns", type=int, default=4, help="turns per session")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--rank", type=int, default=16)
     parser.add_argument(
         "--judge",
         choices=["policy", "scripted"],
         default="policy",
-        help="policy: the policy judges itself (default); scripted: a rule that reads the user's reaction (control)",
+        help="policy: the policy judges itself (the default product); scripted: a rule that reads the users (control)",
     )
-    parser.add_argument("--votes", type=int, default=1, help="judge votes per turn")
-    parser.add_argument("--judge-max-tokens", type=int, default=160)
+    parser.add_argument("--control", action="store_true", help="run the scripted-judge control beside each seed")
+    parser.add_argument("--plot-dir", type=Path, default=None, help="write reward-over-steps PNGs here")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

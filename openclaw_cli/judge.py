@@ -60,7 +60,6 @@ from openclaw_cli.judge_prompts import (
     parse_vote,
     prm_messages,
     prompt_hashes,
-    state_text,
 )
 from openclaw_cli.judge_verdict import (
     NEUTRAL_NEXT_STATE,
@@ -528,7 +527,8 @@ class JudgeLoop:
         """channel / logprob mode: the verdict from the judge's probabilities (see openclaw_cli.judge_verdict)."""
         margin = self.settings.judge.margin
         reply_text = assistant_text(reply)
-        next_text = state_text(next_state)
+        # The next state's own words, as the readouts were measured (no "[user]" labels: the prefix names the role).
+        next_text = "\n".join(flatten_content(m.get("content")) for m in next_state)
         if self.mode == "channel":
             happy, unhappy = (channel_prefix(reply_text, next_state_role, v) for v in (1, -1))
             scored = await asyncio.gather(

@@ -310,7 +310,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=1, le=65535)
     api_key: SecretStr | None = Field(None, description="Required for any non-loopback bind.")
-    method: Literal["rl", "opd", "combined"] = "rl"
+    method: Literal["rl", "opd", "combined"] = Field(
+        "opd",
+        description="rl = Binary RL on the judge's reward; opd = On-Policy Distillation from hints (the user's own "
+        "correction by default); combined = both. opd by default: see the README's learning section.",
+    )
     session_idle_s: float = Field(900.0, gt=0)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     lora: LoraSettings = Field(default_factory=LoraSettings)

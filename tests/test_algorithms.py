@@ -155,4 +155,5 @@ def test_a_batch_without_signal_gives_no_datums() -> None:
     assert build_datums(samples, "rl", TrainSettings(), current_version=0) == ([], [])
     # with a baseline the same samples carry a signal (pushed down by how much better the policy usually does)
     datums, ids = build_datums(samples, "rl", TrainSettings(), current_version=0, baseline=0.5)
+    assert len(datums) == 2
     assert ids == [1, 2]

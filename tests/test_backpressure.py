@@ -181,7 +181,7 @@ async def test_loop_backlog_shows_in_status_and_the_cli_while_the_judge_lags(
             assert (backlog["to_judge"], backlog["judged_not_trained"], backlog["batch_size"]) == (4, 0, 3)
             assert backlog["oldest_to_judge_age_s"] >= 0.25 and backlog["oldest_pending_age_s"] >= 0.25
             assert backlog["oldest_judged_not_trained_age_s"] is None
-            assert loops["trainer"]["steps"] == 0 and loops["promotion"] == {"enabled": False}
+            assert loops["trainer"]["steps"] == 0 and loops["promotion"]["enabled"] is False
 
             # The human `openclaw status` shows the same numbers (flattened keys).
             result = await asyncio.to_thread(
