@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 from openclaw_cli.types import Message
 
-ApiKind = Literal["openai", "anthropic"]
+ApiKind = Literal["openai", "anthropic", "responses"]
 TurnType = Literal["main", "side"]
 
 # Header names are compared lower-cased. These never reach the store (secrets).

@@ -1,7 +1,8 @@
 """Session identity, main/side classification and next-state pairing: the store-side :class:`CaptureSink`.
 
-**Session identity.** The first of: header ``x-session-id``, header ``x-claude-code-session-id``, the OpenAI body
-field ``user``, the Anthropic body field ``metadata.user_id``. That id is the session's *scope*; requests without
+**Session identity.** The first of: header ``x-session-id``, header ``x-claude-code-session-id``, header
+``session_id`` (Codex), the OpenAI body field ``user``, the Responses body field ``prompt_cache_key``, the Anthropic
+body field ``metadata.user_id``. That id is the session's *scope*; requests without
 one share the inferred scope ``""``. Within a scope, a request is placed by a prefix tree over message history:
 every stored turn is indexed (in the database, so nothing grows in memory) by the hash of its canonical history
 ``messages + assistant reply``; a new request is matched against the hashes of its own message prefixes that end
@@ -62,7 +63,8 @@ from openclaw_cli.settings import Settings
 from openclaw_cli.store import NewTurn, PrefixMatch, Store, StoreTx
 from openclaw_cli.types import Message
 
-SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id")
+# Codex sends its conversation id as a ``session_id`` header (and the same value as ``prompt_cache_key``).
+SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id")
 TURN_TYPE_HEADER = "x-turn-type"
 SESSION_DONE_HEADER = "x-session-done"
 SIDE_MODEL = "openclaw-side"
@@ -87,6 +89,9 @@ def session_identity(exchange: CapturedExchange) -> SessionIdentity:
     user = exchange.request.get("user")
     if isinstance(user, str) and user.strip():
         return SessionIdentity(user.strip(), "openai:user")
+    cache_key = exchange.request.get("prompt_cache_key")
+    if isinstance(cache_key, str) and cache_key.strip():
+        return SessionIdentity(cache_key.strip(), "openai:prompt_cache_key")
     metadata = exchange.request.get("metadata")
     if isinstance(metadata, dict):
         user_id = metadata.get("user_id")

@@ -1,4 +1,4 @@
-"""The proxy's ASGI application (Starlette): both chat APIs, model listing, health, status and session control.
+"""The proxy's ASGI application (Starlette): the three chat APIs, model listing, health, status and session control.
 
 Every error leaves in the caller's API format (see :mod:`openclaw_cli.proxy.errors`), including 404/405 for
 unknown routes and unexpected exceptions, so an SDK always raises its own typed error rather than failing to parse.
@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.capture import CaptureSink
-from openclaw_cli.proxy import anthropic_api, openai_api
+from openclaw_cli.proxy import anthropic_api, openai_api, responses_api
 from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
 from openclaw_cli.proxy.control import read_section, version_control_routes, version_status
@@ -97,7 +97,13 @@ def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -
     )
     # The generation endpoints first: the router tries routes in order.
     app.router.routes.extend(
-        [*openai_api.routes, *anthropic_api.routes, *_control_routes(), *version_control_routes(app)]
+        [
+            *openai_api.routes,
+            *responses_api.routes,
+            *anthropic_api.routes,
+            *_control_routes(),
+            *version_control_routes(app),
+        ]
     )
     return app
 

@@ -13,6 +13,7 @@ from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.capture import CaptureSink
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
 from openclaw_cli.proxy.models import ModelCatalog
+from openclaw_cli.proxy.response_store import StoredResponses
 from openclaw_cli.settings import Settings
 
 
@@ -66,6 +67,7 @@ class ProxyState:
     # backlog); each is a blocking callable, run in a worker thread.
     status_sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     status_reads: dict[str, Any] = field(default_factory=dict)  # section -> its read in progress (control.py)
+    responses: StoredResponses = field(default_factory=StoredResponses)  # for previous_response_id
 
     def lease(self) -> InFlightLease:
         self.in_flight += 1
