@@ -155,15 +155,20 @@ async def scripted_user(
 
 
 def build_settings(args: argparse.Namespace, work: Path, seed: int) -> Any:
-    """``Settings()`` defaults; only where things are written, the seed, and the model name the users send."""
-    from openclaw_cli.settings import Settings
+    """``Settings()`` defaults (unless ``--set``); only where things are written, the seed, and the model name the users
+    send are fixed here."""
+    from openclaw_cli.settings import Settings, parse_overrides
 
     model = None if args.model == "smollm2" else args.model
+    overrides = parse_overrides(args.set or [])  # --set: try other settings against the defaults
     return Settings(
-        model=model,
-        store={"path": work / "store.sqlite3"},
-        local={"state_dir": work / "ckpt", "seed": seed},
-        proxy={"accept_any_model": True},
+        **{
+            **overrides,
+            "model": model,
+            "store": {"path": work / "store.sqlite3"},
+            "local": {**overrides.get("local", {}), "state_dir": work / "ckpt", "seed": seed},
+            "proxy": {**overrides.get("proxy", {}), "accept_any_model": True},
+        }
     )
 
 
@@ -411,6 +416,7 @@ def main() -> int:
         help="policy: the policy judges itself (the default product); scripted: a rule that reads the users (control)",
     )
     parser.add_argument("--control", action="store_true", help="run the scripted-judge control beside each seed")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a setting other than its default")
     parser.add_argument("--plot-dir", type=Path, default=None, help="write reward-over-steps PNGs here")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

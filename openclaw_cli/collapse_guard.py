@@ -38,7 +38,7 @@ PROBE_PROMPTS = (
     "What do bees make?",
 )
 PROBE_SYSTEM = "You are a helpful assistant."
-PROBE_MAX_TOKENS = 40
+PROBE_MAX_TOKENS = 32
 MIN_WORDS = 2
 _DISTINCT_MIN_WORDS = 8  # shorter replies are too short for a distinct-word ratio to mean anything
 

@@ -215,6 +215,12 @@ class ProxySettings(_Section):
     default_max_tokens: int = Field(
         2048, ge=1, description="Completion budget when an OpenAI request sets no max_tokens (capped by context)."
     )
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Server-side cap on one reply's tokens, whatever a client asks for (Claude Code asks 32000); "
+        "unset = a quarter of the model's context window, at most 4096.",
+    )
     capture_timeout_s: float = Field(10.0, gt=0, description="Longest wait for the store to record one reply.")
     capture_max_backlog: int = Field(
         256,

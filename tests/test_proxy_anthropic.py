@@ -236,10 +236,8 @@ def test_claude_code_style_request_is_tolerated(make_proxy, tiny_tokenizer):
         {"role": "user", "content": "Go."},
     ]
     assert proxy.backend.calls[0].prompt_tokens == tiny_tokenizer.render(expected, [CALCULATOR_OPENAI])
-    # Budget: 32000 asked, capped to what the context window leaves.
-    assert proxy.backend.calls[0].params.max_tokens == tiny_tokenizer.context_length - len(
-        proxy.backend.calls[0].prompt_tokens
-    )
+    # Budget: 32000 asked, capped by the server's output cap (a quarter of the 8192-token window, see output_cap).
+    assert proxy.backend.calls[0].params.max_tokens == tiny_tokenizer.context_length // 4
     (ex,) = proxy.sink.exchanges
     assert ex.headers["x-claude-code-session-id"] == "cc-session-1"
     assert "authorization" not in ex.headers

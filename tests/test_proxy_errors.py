@@ -207,9 +207,30 @@ def test_context_overflow_is_400_and_budget_is_capped(make_proxy, tiny_tokenizer
     assert "context window" in message
     assert proxy.backend.calls == []
 
+    # A client budget is capped by the server's output cap (a quarter of the 40-token window: 10), then must fit.
     resp = proxy.post(CHAT, {**OPENAI_OK, "max_tokens": 1000})
     assert resp.status_code == 200
-    assert proxy.backend.calls[0].params.max_tokens == 40 - len(small.render(USER))
+    assert proxy.backend.calls[0].params.max_tokens == 10
+
+
+def test_a_budget_that_cannot_fit_is_refused_at_once_in_each_api_format(make_proxy, tiny_tokenizer):
+    small = HFChatTokenizer(tiny_tokenizer.hf, context_length=40)
+    settings = Settings(proxy={"max_output_tokens": 100})
+    proxy = make_proxy(backend=FakeBackend(small, ["ok"]), settings=settings)
+    n_prompt = len(small.render(USER))
+    expected = f"input length and `max_tokens` exceed context limit: {n_prompt} + 100 > 40"
+    message = assert_openai_error(
+        proxy.post(CHAT, {**OPENAI_OK, "max_tokens": 1000}), 400, code="context_length_exceeded"
+    )
+    assert expected in message
+    message = assert_anthropic_error(
+        proxy.post(MESSAGES, {**ANTHROPIC_OK, "max_tokens": 1000}), 400, "invalid_request_error"
+    )
+    assert expected in message  # Anthropic's own wording, which Claude Code reads to retry with less
+    assert proxy.backend.calls == []
+    # Without a client budget the default is capped by the room left: nothing to refuse.
+    assert proxy.post(CHAT, OPENAI_OK).status_code == 200
+    assert proxy.backend.calls[0].params.max_tokens == 40 - n_prompt
 
 
 # -- backend failures ------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
     assistant_message,
+    dropped_tool_tokens,
     parser_for,
     prepare_prompt,
     render_prompt,
@@ -225,7 +226,8 @@ async def count_tokens(request: Request) -> JSONResponse:
     state.catalog.resolve(get_field(body, "model", str, required=True))
     messages, tools, _ = _conversation(body, state)
     prompt = await render_prompt(state.backend, messages, tools)
-    return JSONResponse({"input_tokens": len(prompt)})
+    # What prepare_prompt counts against the context: tools a template drops still count.
+    return JSONResponse({"input_tokens": len(prompt) + dropped_tool_tokens(state.backend.tokenizer(), tools)})
 
 
 async def create_message(request: Request) -> Response:
@@ -239,6 +241,7 @@ async def create_message(request: Request) -> Response:
         tools_offered=req.tools_offered,
         sampling=req.sampling,
         default_max_tokens=state.settings.proxy.default_max_tokens,
+        max_output_tokens=state.settings.proxy.max_output_tokens,
     )
     if req.stream and not req.constraints.active:
         stream = await open_stream(state, prepared)

@@ -7,6 +7,7 @@ Both API modules translate their request into OpenAI-format messages + tools + s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 from collections.abc import AsyncIterator
@@ -78,6 +79,43 @@ async def render_prompt(backend: Backend, messages: list[Message], tools: list[d
         raise ProxyError(400, str(exc), param="messages") from None
 
 
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "openclaw_probe", "description": "probe", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def template_drops_tools(tokenizer: ChatTokenizer) -> bool:
+    """Whether the model's chat template leaves tools out of the prompt (SmolLM2's does): the model then never sees
+    the client's tools, and the rendered prompt understates what the client sent. Checked once per tokenizer."""
+    cached = getattr(tokenizer, "_openclaw_drops_tools", None)
+    if cached is None:
+        probe = [{"role": "user", "content": "hi"}]
+        try:
+            cached = tokenizer.render(probe, [_PROBE_TOOL]) == tokenizer.render(probe, None)
+        except Exception:  # a template that refuses tools entirely drops them too
+            cached = True
+        with contextlib.suppress(AttributeError):  # a slotted tokenizer: checked again next time
+            tokenizer._openclaw_drops_tools = cached  # type: ignore[attr-defined]
+    return bool(cached)
+
+
+def dropped_tool_tokens(tokenizer: ChatTokenizer, tools: list[dict[str, Any]] | None) -> int:
+    """Tokens of the tools the template left out (0 when it renders them): what the client sent still counts against
+    the context, so a request that overflows it says so instead of running on a prompt that lost its tools."""
+    if not tools or not template_drops_tools(tokenizer):
+        return 0
+    return len(tokenizer.encode(json.dumps(tools, ensure_ascii=False)))
+
+
+def output_cap(settings_cap: int | None, context_length: int) -> int:
+    """``proxy.max_output_tokens``, or sized to the model: a quarter of its context window, at most 4096 tokens (an
+    agent's 32k default on a small model would otherwise stream for many minutes)."""
+    if settings_cap is not None:
+        return settings_cap
+    return max(1, min(4096, context_length // 4))
+
+
 async def prepare_prompt(
     backend: Backend,
     messages: list[Message],
@@ -86,28 +124,50 @@ async def prepare_prompt(
     tools_offered: bool,
     sampling: SamplingRequest,
     default_max_tokens: int,
+    max_output_tokens: int | None = None,
 ) -> PreparedPrompt:
-    """Render and budget one request.
+    """Render and budget one request; never starts a generation that cannot finish sensibly.
 
-    The reply budget is the client's max_tokens (or ``default_max_tokens``) capped by what the context window has
-    left, rather than refusing: agents such as Claude Code ask for 32k output tokens by default, far beyond a small
-    model's window. A prompt that leaves no room at all is a 400 ("context_length_exceeded"), worded as Anthropic's
-    API words it ("prompt is too long: N tokens > M maximum"): Claude Code parses exactly that to report the overflow
-    and compact its conversation.
+    - The prompt's size counts the client's tools even when the chat template drops them
+      (:func:`dropped_tool_tokens`).
+    - A prompt that leaves no room at all is a 400 (``context_length_exceeded``), worded as Anthropic's API words it
+      ("prompt is too long: N tokens > M maximum"): Claude Code parses exactly that to report the overflow and
+      compact its conversation.
+    - The reply budget is the client's max_tokens, capped by the server's :func:`output_cap`. When the client asked
+      for a budget and prompt + budget does not fit, that is a 400 too ("input length and `max_tokens` exceed
+      context limit: P + M > C", Anthropic's wording, which Claude Code reads to retry with a smaller budget).
+      Without a client budget, ``default_max_tokens`` is capped by the room left.
     """
     tokenizer = backend.tokenizer()
     prompt = await render_prompt(backend, messages, tools)
     context = int(tokenizer.context_length)
-    room = context - len(prompt)
+    counted = len(prompt) + dropped_tool_tokens(tokenizer, tools)
+    room = context - counted
     if room < 1:
+        dropped = counted - len(prompt)
+        note = (
+            f" ({dropped} of them the client's tools, which this model's chat template leaves out)" if dropped else ""
+        )
         raise ProxyError(
             400,
-            f"prompt is too long: {len(prompt)} tokens > {context - 1} maximum (the model's context window is "
+            f"prompt is too long: {counted} tokens > {context - 1} maximum{note} (the model's context window is "
             f"{context} tokens and at least 1 must be left for the reply); shorten the conversation",
             param="messages",
             code="context_length_exceeded",
         )
-    budget = min(sampling.max_tokens or default_max_tokens, room)
+    cap = output_cap(max_output_tokens, context)
+    if sampling.max_tokens is not None:
+        budget = min(sampling.max_tokens, cap)
+        if budget > room:
+            raise ProxyError(
+                400,
+                f"input length and `max_tokens` exceed context limit: {counted} + {budget} > {context}, decrease "
+                "input length or `max_tokens` and try again",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+    else:
+        budget = min(default_max_tokens, cap, room)
     try:
         params = SamplingParams(
             max_tokens=budget,

@@ -340,6 +340,7 @@ async def chat_completions(request: Request) -> Response:
         tools_offered=req.tools_offered,
         sampling=req.sampling,
         default_max_tokens=state.settings.proxy.default_max_tokens,
+        max_output_tokens=state.settings.proxy.max_output_tokens,
     )
     if req.stream and not req.constraints.active:
         return await _start_stream(request, state, req, prepared)

@@ -291,6 +291,7 @@ async def create_response(request: Request) -> Response:
             tools_offered=req.tools_offered,
             sampling=req.sampling,
             default_max_tokens=state.settings.proxy.default_max_tokens,
+            max_output_tokens=state.settings.proxy.max_output_tokens,
         )
     except ProxyError as err:
         if not (req.stream and err.code == "context_length_exceeded"):
