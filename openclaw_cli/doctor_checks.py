@@ -104,11 +104,11 @@ def agent_prompt(profile: dict[str, Any] | None = None) -> tuple[list[dict[str, 
 def agent_prompt_tokens(tokenizer: ChatTokenizer, profile: dict[str, Any] | None = None) -> tuple[int, bool]:
     """(estimated prompt tokens, whether the template dropped the tools). A template that ignores tools still gets
     them from an agent; they are then counted as their JSON text, the least any tool-aware rendering would take."""
+    from openclaw_cli.proxy.completion import dropped_tool_tokens  # what the proxy counts against the context
+
     messages, tools = agent_prompt(profile)
-    with_tools = tokenizer.render(messages, tools)
-    if with_tools != tokenizer.render(messages, None):
-        return len(with_tools), False
-    return len(with_tools) + len(tokenizer.encode(json.dumps(tools, ensure_ascii=False))), True
+    dropped = dropped_tool_tokens(tokenizer, tools)
+    return len(tokenizer.render(messages, tools)) + dropped, dropped > 0
 
 
 # --- checks --------------------------------------------------------------------------------------------------------

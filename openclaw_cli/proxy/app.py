@@ -23,6 +23,7 @@ from openclaw_cli.capture import CaptureSink
 from openclaw_cli.proxy import anthropic_api, openai_api, responses_api
 from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
+from openclaw_cli.proxy.completion import template_drops_tools
 from openclaw_cli.proxy.control import read_section, version_control_routes, version_status
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response, from_backend_error, from_unexpected
 from openclaw_cli.proxy.limits import InFlightLimitMiddleware
@@ -154,6 +155,11 @@ def _control_routes() -> list[Route]:
             "capture": state.recorder.stats(),
             "backend_health": state.health.to_json(),
         }
+        if template_drops_tools(state.backend.tokenizer()):
+            body["warnings"] = [
+                "this model's chat template drops tool definitions: agents' tools never reach the model (they still "
+                "count against the context); use a model whose template renders tools for agent work"
+            ]
         versions = version_status(request.app)
         if versions is not None:
             body["versions"] = versions
