@@ -12,14 +12,13 @@ Clients and what they get (URL, key and model names come from the effective sett
 - ``openclaw``: an OpenClaw agent provider, ``models.providers.openclaw-rl`` (``api: "openai-completions"``,
   ``baseUrl`` ``http://HOST:PORT/v1``, ``apiKey``, the policy and ``openclaw-side`` as its models) and
   ``agents.defaults.model.primary = "openclaw-rl/<policy>"``, in the shape of OpenClaw's ``~/.openclaw/openclaw.json``
-  as its documentation describes it (checked against docs.openclaw.ai, not against a running OpenClaw; OpenClaw
-  itself reads JSON5, ``--write`` only merges into plain JSON). ``contextWindow`` cannot be known without loading the
-  model, so it is ``--context-window`` (default 32768): set it to your model's window.
+  as its documentation describes it (checked against OpenClaw 2026.9.6; OpenClaw itself reads JSON5, ``--write``
+  only merges into plain JSON). ``contextWindow`` and ``maxTokens`` come from the running server (below); with none
+  up, ``--context-window`` (default 32768) and ``proxy.default_max_tokens``.
 - ``codex``: a ``~/.codex/config.toml`` (``$CODEX_HOME/config.toml``) provider ``[model_providers.openclaw-rl]``
   with ``base_url``, ``env_key = "OPENCLAW_API_KEY"`` (Codex reads the key from that variable, so the file holds no
-  secret) and ``wire_api = "chat"``, plus top-level ``model`` / ``model_provider``. Codex deprecated the chat wire
-  API in late 2025 and releases from early 2026 refuse it; the proxy does not serve the Responses API, so this works
-  only with Codex releases that still accept ``wire_api = "chat"``.
+  secret) and ``wire_api = "responses"`` (the proxy serves ``/v1/responses``), plus top-level ``model`` /
+  ``model_provider``.
 - ``openai`` / ``anthropic``: ``OPENAI_BASE_URL`` + ``OPENAI_API_KEY`` or ``ANTHROPIC_BASE_URL`` +
   ``ANTHROPIC_API_KEY`` (both SDKs read these) and a three-line Python snippet. ``--write`` needs ``--path`` (a
   dotenv file).
@@ -30,6 +29,11 @@ only a placeholder). When the proxy has no key (loopback), a fixed placeholder i
 client insists on some key. ``--write`` puts the real key into the file (except codex, which names the variable),
 creates or replaces it with mode 0600, and first copies the file it replaces to ``<file>.bak-<timestamp>`` (also
 0600).
+
+**The running server.** When a proxy answers at the configured address, ``connect`` reads its ``/v1/models``: the
+served model name and its context window and output cap (a server's name wins over the settings', and
+``openclaw-policy`` is accepted for the policy whatever it is served as). With none up it says so and uses the
+settings.
 
 **Sessions.** No session header is set by default: a fixed ``X-Session-Id`` would put every conversation of the
 tool into one session scope, while the proxy otherwise separates them by their message history (Claude Code sends
@@ -66,10 +70,7 @@ PROVIDER_ID = "openclaw-rl"
 DEFAULT_CONTEXT_WINDOW = 32768
 SESSION_HEADER = "X-Session-Id"
 FILE_MODE = 0o600
-CODEX_CHAT_NOTE = (
-    'wire_api = "chat" works only with Codex releases that still accept it (deprecated in late 2025, refused by '
-    "releases from early 2026); the proxy has no Responses API"
-)
+PROBE_TIMEOUT_S = 2.0  # how long connect waits for a running server's /v1/models
 
 
 class Client(StrEnum):
@@ -136,6 +137,35 @@ class ConnectOptions:
     session_id: str | None = None  # a static X-Session-Id, where the client can send one
     context_window: int = DEFAULT_CONTEXT_WINDOW  # openclaw: the model's window (unknown without loading it)
     max_tokens: int = 2048  # openclaw: the completion budget (proxy.default_max_tokens)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a running proxy says it serves (its ``/v1/models``)."""
+
+    name: str
+    context_window: int | None
+    max_output_tokens: int | None
+
+
+def probe_running(endpoint: Endpoint, timeout_s: float = PROBE_TIMEOUT_S) -> ServedModel | None:
+    """The served model of the proxy answering at ``endpoint``; None when none answers (or not as a proxy)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {endpoint.key}"} if endpoint.key else {}
+    try:
+        response = httpx.get(f"{endpoint.openai_url}/models", headers=headers, timeout=timeout_s)
+        first = response.json()["data"][0] if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(first, dict) or not isinstance(first.get("id"), str):
+        return None
+
+    def number(key: str) -> int | None:
+        value = first.get(key)
+        return value if isinstance(value, int) and value > 0 else None
+
+    return ServedModel(first["id"], number("context_window"), number("max_output_tokens"))
 
 
 def endpoint_from_settings(settings: Settings) -> Endpoint:
@@ -230,7 +260,7 @@ def codex_fragment(endpoint: Endpoint, *, session_id: str | None = None) -> dict
     provider: dict[str, Any] = {"name": "openclaw-cli proxy", "base_url": endpoint.openai_url}
     if endpoint.key is not None:
         provider["env_key"] = KEY_ENV  # Codex reads the key from this variable: no secret in its file
-    provider["wire_api"] = "chat"
+    provider["wire_api"] = "responses"
     if session_id:
         provider["http_headers"] = {SESSION_HEADER: session_id}
     return {"model": endpoint.main_model, "model_provider": PROVIDER_ID, "model_providers": {PROVIDER_ID: provider}}
@@ -510,8 +540,13 @@ def connect_command(
         typer.Option("--session-id", help="Send X-Session-Id: ID on every request (one session scope for all)."),
     ] = None,
     context_window: Annotated[
-        int, typer.Option("--context-window", min=1, help="openclaw only: the model's context window in tokens.")
-    ] = DEFAULT_CONTEXT_WINDOW,
+        int | None,
+        typer.Option(
+            "--context-window",
+            min=1,
+            help="openclaw only: the model's context window in tokens (default: the running server's, else 32768).",
+        ),
+    ] = None,
     config: ConfigOption = None,
     host: HostOption = None,
     port: PortOption = None,
@@ -524,11 +559,26 @@ def connect_command(
             overrides[key] = value
     settings = load_settings(overrides, config=config)
     endpoint = endpoint_from_settings(settings)
+    served = probe_running(endpoint)
+    max_tokens = settings.proxy.default_max_tokens
+    if served is not None:
+        endpoint = dataclasses.replace(endpoint, main_model=served.name)
+        if served.max_output_tokens is not None:
+            max_tokens = min(max_tokens, served.max_output_tokens)
+        window = served.context_window
+        typer.echo(
+            f"# read from the server at {endpoint.root_url}: model {served.name}"
+            + (f", context window {window}, output cap {served.max_output_tokens}" if window else ""),
+            err=True,
+        )
+    else:
+        window = None
+        typer.echo(f"# no proxy answers at {endpoint.root_url}: names and limits come from the settings", err=True)
     options = ConnectOptions(
         reveal=show_secret,
         session_id=session_id,
-        context_window=context_window,
-        max_tokens=settings.proxy.default_max_tokens,
+        context_window=context_window or window or DEFAULT_CONTEXT_WINDOW,
+        max_tokens=max_tokens,
     )
     if not write:
         if path is not None:
@@ -571,7 +621,6 @@ def _write(
     if client is Client.codex:
         if endpoint.key is not None:
             notes.append(f"codex reads the key from ${KEY_ENV}: export it in the shell that runs codex")
-        notes.append(CODEX_CHAT_NOTE)
         if result.backup is not None:
             notes.append(f"comments of the old file are kept only in {result.backup}")
     for note in notes:
@@ -588,7 +637,5 @@ def _print_hints(client: Client, fmt: OutputFormat, endpoint: Endpoint, show_sec
         hints.append(f"the key is shown as ${{{KEY_ENV}}}, which is not set here: export it or use --show-secret")
     if client is Client.claude_code and fmt is OutputFormat.shell:
         hints.append("or --write them into ~/.claude/settings.json; unset ANTHROPIC_API_KEY (it would win)")
-    if client is Client.codex:
-        hints.append(CODEX_CHAT_NOTE)
     for hint in hints:
         typer.echo(f"# {hint}", err=True)

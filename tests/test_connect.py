@@ -169,9 +169,9 @@ def test_codex_provider_block():
         "name": "openclaw-cli proxy",
         "base_url": f"http://127.0.0.1:{PORT}/v1",
         "env_key": KEY_ENV,
-        "wire_api": "chat",
+        "wire_api": "responses",
     }
-    assert 'wire_api = "chat"' in result.stderr  # the Codex compatibility warning
+    assert "no proxy answers" in result.stderr  # nothing runs on PORT: the settings' names and limits
     # Without a proxy key Codex must not demand an env var.
     assert "env_key" not in tomllib.loads(ok("codex").stdout)["model_providers"][PROVIDER_ID]
 
@@ -438,3 +438,28 @@ def test_claude_code_settings_reach_the_proxy_and_background_calls_are_side_turn
         ("openclaw-side", "side", "cc-1"),
     ]
     assert turns[1].status == "skipped"
+
+
+def test_connect_reads_the_running_servers_name_and_limits(tiny_tokenizer: Any) -> None:
+    """`serve --model DIR` serves the name DIR: connect prints that name (and openclaw-policy works too), and OpenClaw
+    gets the served model's context window and output cap instead of a guess."""
+    from openclaw_cli.tokenizer import HFChatTokenizer
+
+    small = HFChatTokenizer(tiny_tokenizer.hf, context_length=8192)
+    settings = Settings(model="/models/my-tiny", api_key=SECRET)
+    with BackgroundServer(create_app(FakeBackend(small, ["hi"]), MemorySink(), settings)) as server:
+        port = server.base_url.rsplit(":", 1)[1]
+        result = ok("openclaw", "--port", port, "--set", f"api_key={SECRET}")
+        provider = json.loads(result.stdout)["models"]["providers"][PROVIDER_ID]
+        assert provider["models"][0]["id"] == "/models/my-tiny"
+        assert {m["contextWindow"] for m in provider["models"]} == {8192}
+        assert {m["maxTokens"] for m in provider["models"]} == {2048}  # the server's cap: 8192 // 4
+        assert "read from the server" in result.stderr
+        codex = tomllib.loads(ok("codex", "--port", port, "--set", f"api_key={SECRET}").stdout)
+        assert codex["model"] == "/models/my-tiny"
+        # The name connect prints before any server runs is accepted too.
+        client = anthropic.Anthropic(base_url=server.base_url, api_key=SECRET, max_retries=0)
+        reply = client.messages.create(
+            model="openclaw-policy", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+        )
+        assert reply.content[0].text == "hi"

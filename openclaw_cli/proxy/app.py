@@ -23,7 +23,7 @@ from openclaw_cli.capture import CaptureSink
 from openclaw_cli.proxy import anthropic_api, openai_api, responses_api
 from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
-from openclaw_cli.proxy.completion import template_drops_tools
+from openclaw_cli.proxy.completion import output_cap, template_drops_tools
 from openclaw_cli.proxy.control import read_section, version_control_routes, version_status
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response, from_backend_error, from_unexpected
 from openclaw_cli.proxy.limits import InFlightLimitMiddleware
@@ -87,11 +87,16 @@ def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -
         ],
         exception_handlers=_error_handlers(),
     )
+    context = int(backend.tokenizer().context_length)  # the backend is started (see the docstring)
     app.state.proxy = ProxyState(
         backend=backend,
         sink=sink,
         settings=settings,
-        catalog=ModelCatalog.from_settings(settings),
+        catalog=ModelCatalog.from_settings(
+            settings,
+            context_window=context,
+            max_output_tokens=output_cap(settings.proxy.max_output_tokens, context),
+        ),
         recorder=CaptureRecorder(
             sink, timeout_s=settings.proxy.capture_timeout_s, max_backlog=settings.proxy.capture_max_backlog
         ),

@@ -27,17 +27,36 @@ class ResolvedModel:
 
 
 class ModelCatalog:
-    def __init__(self, served_name: str, aliases: list[str], *, accept_any: bool) -> None:
+    def __init__(
+        self,
+        served_name: str,
+        aliases: list[str],
+        *,
+        accept_any: bool,
+        context_window: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
         self.served_name = served_name
-        names = [served_name, MAIN_ALIAS, SIDE_ALIAS, *aliases]
+        self.context_window = context_window  # listed with each name, so `openclaw connect` can configure clients
+        self.max_output_tokens = max_output_tokens
+        # openclaw-policy is always the policy, whatever it is served as (`connect` prints it before a server runs).
+        names = [served_name, DEFAULT_SERVED_NAME, MAIN_ALIAS, SIDE_ALIAS, *aliases]
         self.names: list[str] = list(dict.fromkeys(names))  # de-duplicated, order kept
         self.accept_any = accept_any
         self.created = int(time.time())
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ModelCatalog:
+    def from_settings(
+        cls, settings: Settings, *, context_window: int | None = None, max_output_tokens: int | None = None
+    ) -> ModelCatalog:
         served = settings.proxy.served_model_name or settings.model or DEFAULT_SERVED_NAME
-        return cls(served, list(settings.proxy.model_aliases), accept_any=settings.proxy.accept_any_model)
+        return cls(
+            served,
+            list(settings.proxy.model_aliases),
+            accept_any=settings.proxy.accept_any_model,
+            context_window=context_window,
+            max_output_tokens=max_output_tokens,
+        )
 
     def resolve(self, name: str) -> ResolvedModel:
         if name == SIDE_ALIAS:
@@ -56,8 +75,15 @@ class ModelCatalog:
 
     def listing(self) -> dict[str, Any]:
         """One list readable by both SDKs: OpenAI's ``{"object": "list", "data": [{id, object, created, owned_by}]}``
-        with Anthropic's per-model ``type``/``display_name``/``created_at`` and paging fields added."""
+        with Anthropic's per-model ``type``/``display_name``/``created_at`` and paging fields added, and the served
+        model's ``context_window`` / ``max_output_tokens`` (SDKs ignore extra fields; ``openclaw connect`` reads
+        them)."""
         created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
+        limits = {
+            key: value
+            for key, value in (("context_window", self.context_window), ("max_output_tokens", self.max_output_tokens))
+            if value is not None
+        }
         data = [
             {
                 "id": name,
@@ -67,6 +93,7 @@ class ModelCatalog:
                 "type": "model",
                 "display_name": name,
                 "created_at": created_at,
+                **limits,
             }
             for name in self.names
         ]
