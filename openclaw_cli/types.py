@@ -21,6 +21,9 @@ from typing import Any, Literal
 
 LossName = Literal["cross_entropy", "importance_sampling", "ppo"]
 LOSS_NAMES: tuple[str, ...] = ("cross_entropy", "importance_sampling", "ppo")
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
+
+TopLogprobs = list[tuple[int, float]]  # (token id, raw log-probability), most likely first
 FinishReason = Literal["stop", "length"]
 
 
@@ -35,8 +38,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0  # how many most likely alternatives (raw distribution) to report per token; 0 = none
 
     def __post_init__(self) -> None:
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
@@ -65,6 +71,7 @@ class SampleResult:
     text: str = ""
     stop_sequence: str | None = None
     sampling_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per token, when params.top_logprobs > 0
     prompt_tokens: int = 0
     started_at: float = 0.0
     first_token_at: float = 0.0
@@ -80,6 +87,7 @@ class TokenChunk:
     logprob: float
     text: str
     version: int
+    top_logprobs: TopLogprobs = field(default_factory=list)  # when params.top_logprobs > 0 and the backend knows
 
 
 StreamEvent = TokenChunk | SampleResult

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -184,16 +185,45 @@ def test_stop_sequence_and_length(make_proxy, tiny_tokenizer):
     assert cut.choices[0].message.content == tiny_tokenizer.decode(ids)
 
 
-def test_logprobs_report_sampled_token_only(make_proxy, tiny_tokenizer):
+def test_logprobs_report_the_backends_top_alternatives(make_proxy, tiny_tokenizer):
     text = "Hello! How can I help you today?"
-    proxy = make_proxy(text)
-    reply = proxy.client().chat.completions.create(model="openclaw", messages=USER, logprobs=True, top_logprobs=3)
+    proxy = make_proxy(text, text)
+    client = proxy.client()
+    reply = client.chat.completions.create(model="openclaw", messages=USER, logprobs=True, top_logprobs=3)
     entries = reply.choices[0].logprobs.content
     ids = tiny_tokenizer.encode(text)  # the stop token is not reported
     assert [e.token for e in entries] == [tiny_tokenizer.decode([t]) for t in ids]
     assert [e.logprob for e in entries] == [fake_logprob(i) for i in range(len(ids))]
-    assert all(len(e.top_logprobs) == 1 and e.top_logprobs[0].token == e.token for e in entries)
+    # The double's alternatives: the sampled token, then the next ids, each 1 nat less likely (fake_top_logprobs).
+    for i, (entry, token) in enumerate(zip(entries, ids, strict=True)):
+        assert [t.token for t in entry.top_logprobs] == [tiny_tokenizer.decode([token + j]) for j in range(3)]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([fake_logprob(i) - j for j in range(3)])
+    assert proxy.backend.calls[0].params.top_logprobs == 3
     assert "".join(e.token for e in entries) == text
+    streamed = [
+        entry
+        for chunk in client.chat.completions.create(
+            model="openclaw", messages=USER, logprobs=True, top_logprobs=2, stream=True
+        )
+        for choice in chunk.choices
+        if choice.logprobs and choice.logprobs.content
+        for entry in choice.logprobs.content
+    ]
+    assert [len(e.top_logprobs) for e in streamed] == [2] * len(ids)
+
+
+def test_real_tiny_model_top_logprobs_are_the_samplers_distribution(local_proxy, tiny_tokenizer):
+    _, _, server = local_proxy
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    reply = client.chat.completions.create(
+        model="openclaw", messages=USER, max_tokens=6, temperature=0, logprobs=True, top_logprobs=4
+    )
+    for entry in reply.choices[0].logprobs.content:
+        alternatives = [t.logprob for t in entry.top_logprobs]
+        assert len(alternatives) == 4 and alternatives == sorted(alternatives, reverse=True)
+        assert sum(math.exp(lp) for lp in alternatives) <= 1.0 + 1e-4
+        # greedy: the sampled token is the most likely one
+        assert entry.top_logprobs[0].token == entry.token and entry.logprob == pytest.approx(alternatives[0], abs=1e-5)
 
 
 def test_n_choices_each_recorded(make_proxy):

@@ -65,6 +65,7 @@ class TokenChoice:
     token: int
     logprob: float  # raw policy: log_softmax of the logits (temperature 1, unfiltered)
     sampling_logprob: float  # under the processed distribution the token was drawn from
+    top: tuple[tuple[int, float], ...] = ()  # the params.top_logprobs most likely tokens of the raw distribution
 
 
 def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> TokenChoice:
@@ -74,14 +75,18 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """
     logits = logits.float()
     raw = torch.log_softmax(logits, dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if params.top_logprobs:
+        values, ids = torch.topk(raw, params.top_logprobs)
+        top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
     if params.temperature == 0:
         token = int(torch.argmax(logits))
-        return TokenChoice(token, float(raw[token]), 0.0)
+        return TokenChoice(token, float(raw[token]), 0.0, top)
     scores = logits / params.temperature
     scores = filter_top_p(filter_top_k(scores, params.top_k), params.top_p)
     processed = torch.log_softmax(scores, dim=-1)
     token = int(torch.multinomial(processed.exp(), 1, generator=generator))
-    return TokenChoice(token, float(raw[token]), float(processed[token]))
+    return TokenChoice(token, float(raw[token]), float(processed[token]), top)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -404,6 +409,7 @@ class TransformersSampler:
         tokens: list[int] = []
         logprobs: list[float] = []
         sampling_logprobs: list[float] = []
+        top_logprobs: list[list[tuple[int, float]]] = []
         first_token_at = 0.0
         finish_reason: FinishReason = "length"
         while len(tokens) < params.max_tokens:
@@ -416,6 +422,8 @@ class TransformersSampler:
             tokens.append(choice.token)
             logprobs.append(choice.logprob)
             sampling_logprobs.append(choice.sampling_logprob)
+            if params.top_logprobs:
+                top_logprobs.append(list(choice.top))
             if choice.token in stop_ids:
                 finish_reason = "stop"
                 piece = text.finish()
@@ -426,7 +434,7 @@ class TransformersSampler:
                 elif len(tokens) == params.max_tokens:
                     piece += text.finish()
             if emit is not None:
-                emit(TokenChunk(choice.token, choice.logprob, piece, version))
+                emit(TokenChunk(choice.token, choice.logprob, piece, version, list(choice.top)))
             if finish_reason == "stop":
                 break
             next_input = torch.tensor([[choice.token]], dtype=torch.long, device=self._device)
@@ -438,6 +446,7 @@ class TransformersSampler:
             text=text.text,
             stop_sequence=text.stop_sequence,
             sampling_logprobs=sampling_logprobs,
+            top_logprobs=top_logprobs,
             prompt_tokens=len(prompt),
             started_at=accepted_at,
             first_token_at=first_token_at,

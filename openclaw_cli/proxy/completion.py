@@ -34,6 +34,7 @@ class SamplingRequest:
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -176,6 +177,7 @@ async def prepare_prompt(
             top_k=-1 if sampling.top_k is None else int(sampling.top_k),
             stop=sampling.stop,
             seed=sampling.seed,
+            top_logprobs=sampling.top_logprobs,
         )
     except ValueError as exc:
         raise ProxyError(400, str(exc)) from None

@@ -5,9 +5,9 @@ parallel_tool_calls, temperature, top_p, top_k (a vLLM-style extension), max_tok
 seed, n, logprobs / top_logprobs, stream + stream_options.include_usage, user. Unknown fields are ignored.
 
 Known limits, by design:
-- ``top_logprobs``: the backend reports only the sampled token's log-probability, so each position's
-  ``top_logprobs`` list holds just the sampled token (never more than one entry). Log-probabilities are the
-  policy's raw ones (temperature 1, no top-k/top-p), the values the trainer uses.
+- ``top_logprobs``: the k most likely tokens of the sampler's raw distribution at each position (the local backend
+  reports them; a backend that cannot gives the sampled token alone). Log-probabilities are the policy's raw ones
+  (temperature 1, no top-k/top-p), the values the trainer uses.
 - ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool;
   ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [...]}}`` shows only the listed
   tools. "required" / a named function / allowed_tools with mode "required", ``parallel_tool_calls`` false and
@@ -59,7 +59,7 @@ from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
-from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, TopLogprobs
 
 log = logging.getLogger("openclaw.proxy.openai")
 
@@ -250,6 +250,7 @@ def parse_chat_request(body: dict[str, Any], state: ProxyState) -> ChatRequest:
     top_logprobs = get_number(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS, integer=True) or 0
     if top_logprobs and not logprobs:
         raise ProxyError(400, "'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    sampling.top_logprobs = int(top_logprobs)
     get_field(body, "user", str)
     return ChatRequest(
         body=body,
@@ -276,18 +277,30 @@ def finish_reason_for(result: SampleResult, parsed: ParsedAssistant) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
-def logprob_entry(tokenizer: ChatTokenizer, token_id: int, logprob: float, top_n: int) -> dict[str, Any]:
+def _token_entry(tokenizer: ChatTokenizer, token_id: int, logprob: float) -> dict[str, Any]:
     text = tokenizer.decode([token_id])
-    entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-    # Only the sampled token's log-prob is known, so it is the whole top list (see the module docstring).
-    return {**entry, "top_logprobs": [dict(entry)] if top_n > 0 else []}
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def logprob_entry(
+    tokenizer: ChatTokenizer, token_id: int, logprob: float, top_n: int, alternatives: TopLogprobs | None = None
+) -> dict[str, Any]:
+    """One token's logprobs entry: the sampled token and its ``top_n`` most likely alternatives from the sampler's
+    raw distribution. A backend that reports no alternatives gives the sampled token alone as the top list."""
+    entry = _token_entry(tokenizer, token_id, logprob)
+    if top_n <= 0:
+        return {**entry, "top_logprobs": []}
+    if alternatives:
+        return {**entry, "top_logprobs": [_token_entry(tokenizer, t, lp) for t, lp in alternatives[:top_n]]}
+    return {**entry, "top_logprobs": [dict(entry)]}
 
 
 def logprob_entries(tokenizer: ChatTokenizer, result: SampleResult, top_n: int) -> list[dict[str, Any]]:
     eos = set(tokenizer.eos_token_ids)
+    tops = result.top_logprobs if len(result.top_logprobs) == len(result.tokens) else [None] * len(result.tokens)
     return [
-        logprob_entry(tokenizer, t, lp, top_n)
-        for t, lp in zip(result.tokens, result.logprobs, strict=False)
+        logprob_entry(tokenizer, t, lp, top_n, alternatives)
+        for t, lp, alternatives in zip(result.tokens, result.logprobs, tops, strict=False)
         if t not in eos
     ]
 
@@ -560,7 +573,9 @@ async def _sse(
                 if isinstance(event, TokenChunk):
                     if req.logprobs and event.token_id not in eos:
                         choices[index].logprobs.append(
-                            logprob_entry(tokenizer, event.token_id, event.logprob, req.top_logprobs)
+                            logprob_entry(
+                                tokenizer, event.token_id, event.logprob, req.top_logprobs, event.top_logprobs
+                            )
                         )
                     for piece in choices[index].splitter.feed(event.text):
                         yield chunk(index, _delta(piece))

@@ -62,6 +62,12 @@ def fake_logprob(position: int) -> float:
     return -0.01 * (1 + position % 10)
 
 
+def fake_top_logprobs(token: int, position: int, k: int) -> list[tuple[int, float]]:
+    """The double's k alternatives at a position: the sampled token first (with its fake logprob), then the next
+    token ids, each 1 nat less likely."""
+    return [(token + j, fake_logprob(position) - j) for j in range(k)]
+
+
 @dataclass
 class _Plan:
     tokens: list[int]
@@ -191,6 +197,7 @@ class FakeBackend:
         delay = self.token_delay_s if reply.token_delay_s is None else reply.token_delay_s
         first_at = 0.0
         completed = False
+        tops = [fake_top_logprobs(token, i, params.top_logprobs) for i, token in enumerate(plan.tokens)]
         try:
             for i, (token, text) in enumerate(zip(plan.tokens, plan.texts, strict=True)):
                 if reply.fail_after_tokens is not None and i >= reply.fail_after_tokens:
@@ -199,7 +206,9 @@ class FakeBackend:
                     await asyncio.sleep(delay)
                 first_at = first_at or time.time()
                 call.tokens_produced = i + 1
-                yield TokenChunk(token_id=token, logprob=fake_logprob(i), text=text, version=version)
+                yield TokenChunk(
+                    token_id=token, logprob=fake_logprob(i), text=text, version=version, top_logprobs=tops[i]
+                )
             call.finished_at = time.time()
             completed = True
             logprobs = [fake_logprob(i) for i in range(len(plan.tokens))]
@@ -211,6 +220,7 @@ class FakeBackend:
                 text=plan.text,
                 stop_sequence=plan.stop_sequence,
                 sampling_logprobs=list(logprobs),
+                top_logprobs=tops if params.top_logprobs else [],
                 prompt_tokens=len(prompt_tokens),
                 started_at=call.started_at,
                 first_token_at=first_at or call.finished_at,
