@@ -462,7 +462,12 @@ class TrainerLoop:
                 rewards.append(reward)
             # The ratio needs the policy's raw log-probabilities of exactly these tokens; without them (or with a
             # mismatch) the turn cannot be trained without re-scoring under a version that may be gone.
-            if not turn.completion_tokens or len(turn.logprobs) != len(turn.completion_tokens):
+            # (A stream the client aborted is a side turn and never gets here; its finish_reason is checked too.)
+            if (
+                not turn.completion_tokens
+                or len(turn.logprobs) != len(turn.completion_tokens)
+                or turn.finish_reason == "aborted"
+            ):
                 unusable += 1
                 continue
             # store.redact: token ids cannot be redacted, so a turn carrying a secret never goes to a cloud trainer.

@@ -323,17 +323,35 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     return condition()
 
 
-@pytest.mark.parametrize(("path", "body"), [(CHAT, OPENAI_OK), (MESSAGES, ANTHROPIC_OK)])
-def test_client_disconnect_mid_stream_records_nothing_and_stops_generation(make_proxy, path, body):
+@pytest.mark.parametrize(
+    ("path", "body", "api"),
+    [
+        (CHAT, OPENAI_OK, "openai"),
+        (MESSAGES, ANTHROPIC_OK, "anthropic"),
+        ("/v1/responses", {"model": "openclaw", "input": "Hello"}, "responses"),
+    ],
+)
+def test_client_disconnect_mid_stream_records_a_partial_side_turn_and_stops_generation(make_proxy, path, body, api):
     long_reply = "Zebras quietly juggle violet kumquats near Oxford. " * 8
     proxy = make_proxy(long_reply, token_delay_s=0.02)
-    with httpx.stream("POST", proxy.url + path, json={**body, "max_tokens": 500, "stream": True}, timeout=30) as resp:
-        first = next(resp.iter_bytes())
-        assert first
+    budget = {"max_output_tokens": 500} if api == "responses" else {"max_tokens": 500}
+    with httpx.stream("POST", proxy.url + path, json={**body, **budget, "stream": True}, timeout=30) as resp:
+        seen = b""
+        for chunk in resp.iter_bytes():
+            seen += chunk
+            if seen.count(b"\n\n") >= 12:  # several events, some of the reply's text among them: leave now
+                break
     (call,) = proxy.backend.calls
     assert _wait_for(lambda: call.closed_early), "the backend stream was not closed after the client left"
     assert call.tokens_produced < len(proxy.backend.tokenizer().encode(long_reply))
-    assert proxy.sink.exchanges == []
+    assert _wait_for(lambda: len(proxy.sink.exchanges) == 1)
+    (partial,) = proxy.sink.exchanges
+    # What the client got, kept as a side turn (never trained: the policy did not finish it), and counted.
+    assert partial.api == api and partial.finish_reason == "aborted" and partial.stream
+    assert partial.metadata["turn_type"] == "side" and partial.metadata["aborted"] is True
+    assert 0 < len(partial.completion_tokens) <= call.tokens_produced
+    assert long_reply.startswith(partial.assistant_message["content"])
+    assert proxy.status()["capture"]["aborted"] == 1
     assert _wait_for(lambda: proxy.status()["in_flight"] == 0)
 
 
@@ -465,3 +483,21 @@ def test_tools_a_template_drops_still_count_against_the_context(make_proxy, tiny
     assert "drops tool definitions" in status["warnings"][0]
     # Without tools the same request is served.
     assert proxy.post(MESSAGES, ANTHROPIC_OK).status_code == 200
+
+
+def test_an_image_for_a_text_only_model_is_a_clear_400_in_each_api(make_proxy):
+    proxy = make_proxy("never sent")
+    png = "iVBORw0KGgo="
+    openai_image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
+    chat = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, openai_image]}]
+    message = assert_openai_error(proxy.post(CHAT, {**OPENAI_OK, "messages": chat}), 400, code="unsupported_content")
+    assert message.startswith("messages[0].content[1] is an image (image_url), but the served model reads text only")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    anthropic_body = {**ANTHROPIC_OK, "messages": [{"role": "user", "content": [block]}]}
+    assert "reads text only" in assert_anthropic_error(
+        proxy.post(MESSAGES, anthropic_body), 400, "invalid_request_error"
+    )
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    chat = [{"role": "user", "content": [audio]}]
+    assert "is audio" in assert_openai_error(proxy.post(CHAT, {**OPENAI_OK, "messages": chat}), 400)
+    assert proxy.backend.calls == [] and proxy.sink.exchanges == []

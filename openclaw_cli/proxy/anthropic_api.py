@@ -39,7 +39,7 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_tools,
 )
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.capture_handoff import build_exchange
+from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_aborted
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
@@ -412,6 +412,7 @@ async def _sse(
         starts_in_reasoning=prepared.starts_in_reasoning,
     )
     blocks = _Blocks()
+    partial, failed = PartialReply(), False
     n_prompt = len(prepared.prompt_tokens)
     start_message = message_body(req, [], (None, None), usage(n_prompt, 0))
     try:
@@ -424,10 +425,12 @@ async def _sse(
             else:
                 _, event = item
                 if isinstance(event, TokenChunk):
+                    partial.add(event)
                     for piece in splitter.feed(event.text):
                         for frame in blocks.frames_for(piece):
                             yield frame
                 else:
+                    partial.finished = True
                     for piece in splitter.finish():
                         for frame in blocks.frames_for(piece):
                             yield frame
@@ -454,9 +457,23 @@ async def _sse(
             if isinstance(exc, BackendError)
             else from_unexpected(exc)
         )
+        failed = True
         log.error("stream %s failed mid-way: %s", req.message_id, err.message)
         yield event_frame("error", error_body(err, "anthropic"))
     finally:
+        if partial.abandoned() and not failed:  # the client left mid-reply
+            record_aborted(
+                api="anthropic",
+                request=request,
+                recorder=state.recorder,
+                tokenizer=tokenizer,
+                body=req.body,
+                model=req.model,
+                prepared=prepared,
+                partial=partial,
+                started_at=req.started_at,
+                request_id=req.message_id,
+            )
         await stream.close()
 
 

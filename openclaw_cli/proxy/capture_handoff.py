@@ -3,9 +3,11 @@
 Rules:
 - A reply is recorded once the backend has finished it and all of its text has been written to the client (for a
   stream: before the terminal frame — OpenAI's finish chunk / ``[DONE]``, Anthropic's ``message_delta`` /
-  ``message_stop`` — so the turn is stored before the client can send its next request, which keeps next-state
-  pairing in order). A client that disconnects earlier gets nothing recorded: a half-delivered reply is not a turn
-  anyone saw, and a turn is never stored half-written.
+  ``message_stop``, Responses' ``response.completed`` — so the turn is stored before the client can send its next
+  request, which keeps next-state pairing in order).
+- A stream the client leaves mid-reply is recorded as what it delivered (:func:`record_aborted`): a *side* turn with
+  ``finish_reason`` "aborted", so it is visible (status counts it under ``capture.aborted``) but never trained,
+  since the policy did not finish that reply. A non-streamed reply the client stopped waiting for records nothing.
 - Rejected requests (4xx) and backend failures record nothing.
 - Headers pass through :func:`~openclaw_cli.capture.scrub_headers`, so credentials never reach the store.
 - A capture failure or a slow store is logged and never breaks or stalls the reply beyond ``capture_timeout_s``.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -32,11 +35,12 @@ from starlette.requests import Request
 from openclaw_cli.capture import ApiKind, CapturedExchange, CaptureSink, RecordedTurn, scrub_headers
 from openclaw_cli.proxy.completion import PreparedPrompt
 from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.types import Message, SampleResult
+from openclaw_cli.types import Message, SampleResult, TokenChunk
 
 log = logging.getLogger("openclaw.proxy.capture")
 
 OPT_OUT_HEADER = "x-openclaw-opt-out"
+ABORTED = "aborted"  # finish_reason of a stream the client left
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -58,6 +62,7 @@ class CaptureRecorder:
         self.deferred = 0  # the reply stopped waiting; the write went on (and counts as recorded/failed when done)
         self.peak_backlog = 0
         self.opted_out = 0  # served with X-OpenClaw-Opt-Out: never handed to the sink
+        self.aborted = 0  # streams the client left mid-reply, recorded as partial side turns (never trained)
         self._writes: dict[asyncio.Task[RecordedTurn], float] = {}  # write -> when it was handed over (monotonic)
 
     @property
@@ -75,6 +80,7 @@ class CaptureRecorder:
         return {
             "recorded": self.recorded,
             "failed": self.failed,
+            "aborted": self.aborted,
             "dropped": self.dropped,
             "deferred": self.deferred,
             "queue_depth": self.backlog,
@@ -117,6 +123,17 @@ class CaptureRecorder:
         if task.cancelled() or task.exception() is not None:
             return None
         return task.result()
+
+    def record_aborted(self, exchange: CapturedExchange) -> None:
+        """Hand over the partial reply of a stream the client left (from a stream's cleanup, so nothing is awaited);
+        counted in ``aborted`` whether or not the store keeps it."""
+        self.aborted += 1
+        if self.sink is None or opted_out(exchange.headers) or len(self._writes) >= self.max_backlog:
+            return
+        task = asyncio.ensure_future(self.sink.record(exchange))
+        self._writes[task] = time.monotonic()
+        self.peak_backlog = max(self.peak_backlog, len(self._writes))
+        task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[RecordedTurn]) -> None:
         self._writes.pop(task, None)
@@ -184,3 +201,70 @@ def build_exchange(
         choice_index=choice_index,
         metadata=metadata,
     )
+
+
+@dataclass
+class PartialReply:
+    """What a stream has delivered so far: recorded as a partial turn when the client leaves before the end."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version: int = 0
+    first_token_at: float = 0.0
+    finished: bool = False
+
+    def add(self, chunk: TokenChunk) -> None:
+        self.first_token_at = self.first_token_at or time.time()
+        self.tokens.append(chunk.token_id)
+        self.logprobs.append(chunk.logprob)
+        self.version = chunk.version
+
+    def abandoned(self) -> bool:
+        return not self.finished and bool(self.tokens)
+
+
+def record_aborted(
+    *,
+    api: ApiKind,
+    request: Request,
+    recorder: CaptureRecorder,
+    tokenizer: Any,
+    body: dict[str, Any],
+    model: ResolvedModel,
+    prepared: PreparedPrompt,
+    partial: PartialReply,
+    started_at: float,
+    request_id: str,
+    choice_index: int = 0,
+) -> None:
+    """Record the part of a reply a client received before it left: a side turn (stored, never trained: the policy
+    did not finish it) with ``finish_reason`` "aborted"."""
+    now = time.time()
+    result = SampleResult(
+        tokens=list(partial.tokens),
+        logprobs=list(partial.logprobs),
+        finish_reason="length",
+        version=partial.version,
+        text=tokenizer.decode(partial.tokens),
+        prompt_tokens=len(prepared.prompt_tokens),
+        started_at=started_at,
+        first_token_at=partial.first_token_at,
+        finished_at=now,
+    )
+    exchange = build_exchange(
+        api=api,
+        request=request,
+        body=body,
+        model=model,
+        prepared=prepared,
+        result=result,
+        finish_reason=ABORTED,
+        message={"role": "assistant", "content": result.text},
+        response={"aborted": True, "tokens_delivered": len(partial.tokens)},
+        started_at=started_at,
+        stream=True,
+        choice_index=choice_index,
+        request_id=request_id,
+        extra_metadata={"turn_type": "side", "aborted": True},
+    )
+    recorder.record_aborted(exchange)

@@ -117,6 +117,39 @@ def output_cap(settings_cap: int | None, context_length: int) -> int:
     return max(1, min(4096, context_length // 4))
 
 
+_MEDIA_PARTS = {
+    "image_url": "an image",
+    "image": "an image",
+    "input_image": "an image",
+    "input_audio": "audio",
+    "audio": "audio",
+    "input_file": "a file",
+    "file": "a file",
+}
+
+
+def reject_media(tokenizer: ChatTokenizer, messages: list[Message]) -> None:
+    """A text-only model (every tokenizer that does not list more ``input_modalities``) cannot read an image, audio
+    or file part: say so with a 400 instead of silently replacing it by a placeholder."""
+    accepted = set(getattr(tokenizer, "input_modalities", ("text",)))
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            what = _MEDIA_PARTS.get(kind) if isinstance(kind, str) else None
+            modality = {"an image": "image", "audio": "audio", "a file": "file"}.get(what or "")
+            if what is not None and modality not in accepted:
+                raise ProxyError(
+                    400,
+                    f"messages[{i}].content[{j}] is {what} ({kind}), but the served model reads text only; send the "
+                    "content as text or serve a model that accepts it",
+                    param=f"messages[{i}].content[{j}]",
+                    code="unsupported_content",
+                )
+
+
 async def prepare_prompt(
     backend: Backend,
     messages: list[Message],
@@ -140,6 +173,7 @@ async def prepare_prompt(
       Without a client budget, ``default_max_tokens`` is capped by the room left.
     """
     tokenizer = backend.tokenizer()
+    reject_media(tokenizer, messages)
     prompt = await render_prompt(backend, messages, tools)
     context = int(tokenizer.context_length)
     counted = len(prompt) + dropped_tool_tokens(tokenizer, tools)

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.capture_handoff import build_exchange
+from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_aborted
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
@@ -537,6 +537,8 @@ async def _sse(
         for _ in range(req.n)
     ]
     results: dict[int, SampleResult] = {}
+    partials = [PartialReply() for _ in range(req.n)]
+    failed = False
     version = stream.version
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -571,6 +573,7 @@ async def _sse(
                 index, event = item
                 version = event.version
                 if isinstance(event, TokenChunk):
+                    partials[index].add(event)
                     if req.logprobs and event.token_id not in eos:
                         choices[index].logprobs.append(
                             logprob_entry(
@@ -581,6 +584,7 @@ async def _sse(
                         yield chunk(index, _delta(piece))
                 else:
                     results[index] = event
+                    partials[index].finished = True
                     for piece in choices[index].splitter.finish():
                         yield chunk(index, _delta(piece))
                     received = choices[index].splitter.result()
@@ -601,9 +605,25 @@ async def _sse(
             if isinstance(exc, BackendError)
             else from_unexpected(exc)
         )
+        failed = True
         log.error("stream %s failed mid-way: %s", req.request_id, err.message)
         yield data_frame(error_body(err, "openai"))
     finally:
+        for index, partial in enumerate(partials):
+            if partial.abandoned() and not failed:  # the client left mid-reply
+                record_aborted(
+                    api="openai",
+                    request=request,
+                    recorder=state.recorder,
+                    tokenizer=tokenizer,
+                    body=req.body,
+                    model=req.model,
+                    prepared=prepared,
+                    partial=partial,
+                    started_at=req.started_at,
+                    request_id=req.request_id,
+                    choice_index=index,
+                )
         await stream.close()
 
 

@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.capture_handoff import build_exchange
+from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_aborted
 from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, parser_for, prepare_prompt
 from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
@@ -541,6 +541,7 @@ async def _sse(
         starts_in_reasoning=prepared.starts_in_reasoning,
     )
     events = _Events(req)
+    partial, failed = PartialReply(), False
     started = response_body(req, status="in_progress", output=[], usage_counts=None)
     try:
         yield events.frame("response.created", response=started)
@@ -552,10 +553,12 @@ async def _sse(
             else:
                 _, event = item
                 if isinstance(event, TokenChunk):
+                    partial.add(event)
                     for piece in splitter.feed(event.text):
                         for frame in events.piece(piece):
                             yield frame
                 else:
+                    partial.finished = True
                     for piece in splitter.finish():
                         for frame in events.piece(piece):
                             yield frame
@@ -575,9 +578,23 @@ async def _sse(
             if isinstance(exc, BackendError)
             else from_unexpected(exc)
         )
+        failed = True
         log.error("stream %s failed mid-way: %s", req.response_id, err.message)
         yield events.frame("response.failed", response=failed_body(req, err))
     finally:
+        if partial.abandoned() and not failed:  # the client left mid-reply
+            record_aborted(
+                api="responses",
+                request=request,
+                recorder=state.recorder,
+                tokenizer=tokenizer,
+                body=req.body,
+                model=req.model,
+                prepared=prepared,
+                partial=partial,
+                started_at=req.started_at,
+                request_id=req.response_id,
+            )
         await stream.close()
 
 
