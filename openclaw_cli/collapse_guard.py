@@ -2,7 +2,8 @@
 
 Small policies trained online break in recognisable ways: they loop ("the the the"), stop answering (an empty or
 one-word reply to everything, the cheap way to satisfy "be brief"), or drift far from the base model. Before a new
-version serves, the guard replays a fixed probe set on it (greedy, :data:`PROBE_MAX_TOKENS` tokens each) and checks
+version serves, the guard replays a fixed probe set on it (sampled at temperature 1 with a fixed seed,
+:data:`PROBE_MAX_TOKENS` tokens each) and checks
 
 - every reply has at least :data:`MIN_WORDS` words;
 - each reply's distinct-word ratio is at least ``train.guard_min_distinct`` (replies of 8 words or more);
@@ -39,6 +40,7 @@ PROBE_PROMPTS = (
 )
 PROBE_SYSTEM = "You are a helpful assistant."
 PROBE_MAX_TOKENS = 32
+PROBE_SEED = 1234
 MIN_WORDS = 2
 _DISTINCT_MIN_WORDS = 8  # shorter replies are too short for a distinct-word ratio to mean anything
 
@@ -101,7 +103,10 @@ class CollapseGuard:
 
     async def _probe(self, version: int) -> GuardResult:
         tokenizer = self.backend.tokenizer()
-        params = SamplingParams(max_tokens=PROBE_MAX_TOKENS, temperature=0.0)
+        # Sampled at temperature 1 with a fixed seed, not greedy: a policy whose distribution flattened can still
+        # answer well greedily while every sampled reply is noise (seen: SmolLM2 at lr 5e-4), and the KL estimate
+        # E_new[log new - log base] needs samples from the new policy.
+        params = SamplingParams(max_tokens=PROBE_MAX_TOKENS, temperature=1.0, seed=PROBE_SEED)
         replies, distinct, log_ratios = [], [], []
         for question in PROBE_PROMPTS:
             messages = [{"role": "system", "content": PROBE_SYSTEM}, {"role": "user", "content": question}]

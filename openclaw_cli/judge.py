@@ -105,6 +105,10 @@ class JudgeRejected(RuntimeError):
     """The judge refused this turn's prompt (or it could not be built); retrying the same call cannot help."""
 
 
+class JudgeNoLogprobs(RuntimeError):
+    """The judge endpoint answers but returns no logprobs, so the logprob readout cannot run on it."""
+
+
 class JudgeInputError(ValueError):
     """A judge client cannot send this prompt at all (e.g. it does not fit the judge's context)."""
 
@@ -174,7 +178,7 @@ class OpenAIJudgeClient:
         )
         content = response.choices[0].logprobs.content if response.choices and response.choices[0].logprobs else None
         if not content:
-            raise RuntimeError(
+            raise JudgeNoLogprobs(
                 "the judge endpoint returned no logprobs; it cannot judge in mode 'logprob' (set judge.mode = 'vote')"
             )
         return words_from_top_logprobs([(alt.token, alt.logprob) for alt in content[0].top_logprobs], words)
@@ -446,6 +450,7 @@ class JudgeLoop:
         self.stats = JudgeStats()
         self.judge_name = str(getattr(client, "name", type(client).__name__))
         self.mode = resolve_mode(settings.judge.mode, client)
+        self._mode_chosen = settings.judge.mode == "auto"  # auto may fall back to votes (see judge_turn)
         self.redactor = Redactor.from_settings(settings)  # store.redact: secrets never reach the judge
 
     @property
@@ -501,7 +506,16 @@ class JudgeLoop:
         if self.mode == "vote":
             verdict = await self._vote(*args)
         else:
-            verdict = await self._read_verdict(*args)
+            try:
+                verdict = await self._read_verdict(*args)
+            except JudgeNoLogprobs as exc:
+                if not self._mode_chosen:
+                    raise JudgeRejected(str(exc)) from exc
+                # judge.mode = auto picked logprob for an OpenAI-compatible endpoint that turns out to return none
+                # (llama.cpp builds, some gateways): sampled votes work everywhere.
+                log.warning("%s; judging with sampled votes from now on", exc)
+                self.mode = "vote"
+                verdict = await self._vote(*args)
         hint_source = self.settings.judge.hint_source
         if verdict.hint is not None:
             verdict.hint_source = "judge"
@@ -685,6 +699,8 @@ class JudgeLoop:
                 try:
                     async with asyncio.timeout(self.call_timeout_s):
                         return await call(*args, **kwargs)
+                except JudgeNoLogprobs:
+                    raise  # the endpoint's nature, not a failure: asking again cannot help
                 except Exception as exc:  # CancelledError is a BaseException and passes through
                     self.stats.call_errors += 1
                     error = f"{type(exc).__name__}: {exc}"

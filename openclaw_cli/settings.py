@@ -92,6 +92,13 @@ class TrainSettings(_Section):
         lt=1.0,
         description="Binary RL running-mean reward baseline (EMA decay); 0 = no baseline, as the reference method.",
     )
+    opd_max_advantage: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Upper clip of the OPD advantage (the lower one is -1). 0 keeps only the teacher's objections: "
+        "raising tokens the student sampled from its tail flattened SmolLM2 into noise within 10 minutes.",
+    )
     kl_coef: float = Field(
         0.1,
         ge=0.0,

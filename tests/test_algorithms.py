@@ -103,11 +103,19 @@ def test_build_datums_token_mean_scaling_and_filters() -> None:
 
 
 def test_build_datums_opd_needs_a_hint() -> None:
-    train = TrainSettings()
+    train = TrainSettings(opd_max_advantage=1.0)  # the symmetric clip of the reference method
     samples = [_sample(1, 1), _sample(2, None, teacher=[-0.5, -1.5])]
     datums, ids = build_datums(samples, "opd", train, current_version=0)
     assert ids == [2]
     assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.0, 0.25, -0.25])
+    # The default keeps only the teacher's objections: the +0.5 (teacher likes it more) is clipped to 0.
+    datums, _ = build_datums(samples, "opd", TrainSettings(), current_version=0)
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.0, 0.0, -0.25])
+
+
+def test_opd_upper_clip() -> None:
+    assert opd_advantages([-0.5, -3.0, -1.0], [-1.0, -1.0, -1.0], clip=1.0, clip_high=0.0) == [0.0, -1.0, 0.0]
+    assert opd_advantages([-0.5, -3.0], [-1.0, -1.0], clip=1.0, clip_high=0.25) == [0.25, -1.0]
 
 
 def test_ppo_loss_config_from_eps() -> None:

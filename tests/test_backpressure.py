@@ -151,6 +151,7 @@ async def test_loop_backlog_shows_in_status_and_the_cli_while_the_judge_lags(
 ) -> None:
     settings = Settings(
         port=free_port(),
+        method="rl",  # the blocked judge's votes are the signal
         judge=JudgeSettings(votes=1),
         train=TrainSettings(batch_size=3, checkpoint_every=1000),
         store=StoreSettings(path=tmp_path / "store.sqlite3"),

@@ -190,6 +190,7 @@ class Launch:
             "judge.base_url": judge_url,
             "judge.model": "scripted-judge",
             "judge.votes": 1,
+            "method": "rl",  # the scripted judge's votes are the signal
             "train.batch_size": 2,
             "train.checkpoint_every": 2,
             "lora.rank": 4,

@@ -49,7 +49,7 @@ async def test_a_turn_the_judge_keeps_rejecting_is_given_up_and_counted(tmp_path
 
     with FakeJudgeServer(answer) as server, Store(tmp_path / "s.sqlite3") as store:
         huge, fine = seed_judgeable(store, ["HUGE question", "small question"])
-        settings = Settings(method="rl", judge={"votes": 1})
+        settings = Settings(method="rl", judge={"votes": 1, "mode": "vote"})
         client = OpenAIJudgeClient("judge", server.base_url, timeout_s=10)  # the real openai SDK, over HTTP
         loop = JudgeLoop(store, client, settings, max_turn_attempts=2, retry_turn_after_s=0.0, sleep=no_sleep)
 
@@ -85,7 +85,7 @@ async def test_a_judge_that_is_down_never_costs_a_turn_its_attempts(tmp_path: Pa
         loop = JudgeLoop(
             store,
             client,
-            Settings(method="rl", judge={"votes": 1}),
+            Settings(method="rl", judge={"votes": 1, "mode": "vote"}),
             retry_attempts=2,
             max_turn_attempts=2,
             down_wait_s=0.0,
@@ -118,7 +118,7 @@ async def test_a_turn_whose_calls_keep_failing_while_the_judge_answers_others_is
         loop = JudgeLoop(
             store,
             OpenAIJudgeClient("judge", server.base_url, timeout_s=10),
-            Settings(method="rl", judge={"votes": 1}),
+            Settings(method="rl", judge={"votes": 1, "mode": "vote"}),
             batch_size=2,
             retry_attempts=1,
             max_turn_attempts=2,
@@ -148,7 +148,11 @@ async def test_the_judge_resumes_turns_a_killed_process_was_judging_without_wait
     crashed.close()
 
     with FakeJudgeServer(lambda messages: "\\boxed{1}") as server, Store(path) as store:
-        loop = JudgeLoop(store, OpenAIJudgeClient("judge", server.base_url, timeout_s=10), Settings(method="rl"))
+        loop = JudgeLoop(
+            store,
+            OpenAIJudgeClient("judge", server.base_url, timeout_s=10),
+            Settings(method="rl", judge={"mode": "vote"}),
+        )
         stop = asyncio.Event()
         runner = asyncio.create_task(loop.run(stop))
         deadline = time.monotonic() + 10
@@ -236,6 +240,8 @@ def free_port() -> int:
 
 
 def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Settings:
+    # Binary RL on the scripted judge's votes: the faults, not the method, are under test.
+    overrides.setdefault("method", "rl")
     return Settings(
         model=str(model_dir),
         port=free_port(),

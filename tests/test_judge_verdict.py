@@ -225,3 +225,28 @@ async def test_collapse_guard_holds_a_looping_version_and_rewinds_training(tiny_
     assert gate.decisions[-1].promoted is False and "training rewound to version 1" in gate.decisions[-1].reason
     assert backend.activations[-1] == (1, True)  # serving stays on 1, training restarts from its weights
     assert distinct_ratio("the the the the") == 0.25
+
+
+async def test_auto_falls_back_to_votes_when_the_endpoint_returns_no_logprobs(tmp_path: Path) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        content = "\\boxed{1}" if body.get("max_tokens", 0) > 1 else "Good"
+        message = {"role": "assistant", "content": content}
+        choice = {"index": 0, "finish_reason": "stop", "message": message, "logprobs": None}
+        return httpx.Response(
+            200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "j", "choices": [choice]}
+        )
+
+    client = OpenAIJudgeClient(
+        "j", "http://127.0.0.1:9/v1", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    )
+    with Store(tmp_path / "s.sqlite3") as store:
+        (turn_id,) = _seed(store, [THANKS])
+        loop = JudgeLoop(store, client, Settings(judge={"votes": 1}))
+        assert loop.mode == "logprob"
+        assert await loop.run_once() == 1
+        assert loop.mode == "vote" and store.result_of("judge", turn_id)["score"] == 1
+        # asked for explicitly, the same endpoint is refused with the reason
+        explicit = JudgeLoop(store, client, Settings(judge={"mode": "logprob"}))
+        with pytest.raises(Exception, match="no logprobs"):
+            await explicit.judge_turn(store.get_turn(turn_id))

@@ -87,7 +87,9 @@ class World:
         train.setdefault("batch_size", 2)
         train.setdefault("gate_sessions", 3)
         self.settings = Settings(
-            train=TrainSettings(promotion_gate=True, **train), local=LocalSettings(state_dir=tmp_path / "ckpt")
+            method="rl",  # the judged +1 turns below are the signal; the gate is what is tested
+            train=TrainSettings(promotion_gate=True, **train),
+            local=LocalSettings(state_dir=tmp_path / "ckpt"),
         )
         self.store = Store(tmp_path / "store.sqlite3")
         self.capture = SessionCapture(self.store, self.settings)

@@ -118,7 +118,10 @@ def test_unknown_key_suggests_the_close_match_and_lists_known_keys():
         load_settings({"judge": {"vote": "1"}})
     message = str(info.value)
     assert message.startswith("invalid setting judge.vote: unknown setting; did you mean votes?")
-    assert "known keys in judge: model, base_url, api_key, votes, temperature, max_concurrency" in message
+    assert (
+        "known keys in judge: model, base_url, api_key, mode, margin, hint_source, votes, temperature, max_concurrency"
+        in message
+    )
 
 
 def test_several_problems_give_one_line_each():

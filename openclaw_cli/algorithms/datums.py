@@ -59,7 +59,10 @@ def _signal(sample: TrainSample, method: Method, train: TrainSettings, baseline:
     if method == "opd":
         if sample.teacher_logprobs is None:
             return None
-        return [train.w_opd * a for a in opd_advantages(sample.teacher_logprobs, sample.sampler_logprobs)]
+        return [
+            train.w_opd * a
+            for a in opd_advantages(sample.teacher_logprobs, sample.sampler_logprobs, clip_high=train.opd_max_advantage)
+        ]
     return hybrid_advantages(
         old_logprobs=sample.sampler_logprobs,
         reward=sample.reward,
@@ -67,6 +70,7 @@ def _signal(sample: TrainSample, method: Method, train: TrainSettings, baseline:
         w_opd=train.w_opd,
         w_rl=train.w_rl,
         baseline=baseline,
+        opd_clip_high=train.opd_max_advantage,
     )
 
 

@@ -15,6 +15,7 @@ def hybrid_advantages(
     w_rl: float = 1.0,
     baseline: float = 0.0,
     opd_clip: float = 1.0,
+    opd_clip_high: float | None = None,
 ) -> list[float] | None:
     """Hint and a non-zero reward -> both terms; hint only -> OPD term; reward only -> RL term; neither -> None."""
     n = len(old_logprobs)
@@ -25,7 +26,7 @@ def hybrid_advantages(
     total = [0.0] * n
     if has_opd:
         assert teacher_logprobs is not None
-        total = [w_opd * a for a in opd_advantages(teacher_logprobs, old_logprobs, opd_clip)]
+        total = [w_opd * a for a in opd_advantages(teacher_logprobs, old_logprobs, opd_clip, opd_clip_high)]
     if has_rl:
         assert reward is not None
         total = [t + w_rl * a for t, a in zip(total, binary_rl_advantages(reward, n, baseline), strict=True)]

@@ -28,11 +28,18 @@ def teacher_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str
     raise ValueError("the conversation has no user message to attach the hint to")
 
 
-def opd_advantages(teacher_logprobs: list[float], old_logprobs: list[float], clip: float = 1.0) -> list[float]:
+def opd_advantages(
+    teacher_logprobs: list[float], old_logprobs: list[float], clip: float = 1.0, clip_high: float | None = None
+) -> list[float]:
+    """Per-token ``teacher - old``, clamped to +-20, then clipped to ``[-clip, clip_high]`` (``clip_high`` None =
+    ``clip``; ``clip <= 0`` = no clip). A ``clip_high`` of 0 keeps only the teacher's objections: a token the
+    student sampled from its tail, which a flatter (hint-confused) teacher happens to rate higher, is not pushed up,
+    so the student's distribution does not flatten."""
     if len(teacher_logprobs) != len(old_logprobs):
         raise ValueError(f"teacher has {len(teacher_logprobs)} logprobs, student has {len(old_logprobs)}")
+    high = clip if clip_high is None else clip_high
     out = []
     for teacher, old in zip(teacher_logprobs, old_logprobs, strict=True):
         diff = max(-LOGRATIO_CLAMP, min(LOGRATIO_CLAMP, teacher - old))
-        out.append(max(-clip, min(clip, diff)) if clip > 0 else diff)
+        out.append(max(-clip, min(high, diff)) if clip > 0 else diff)
     return out

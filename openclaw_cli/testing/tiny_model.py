@@ -76,8 +76,9 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return tok
 
 
-def build_tiny_model(vocab_size: int, seed: int = 0, *, layers: int = 2, hidden: int = 64):
-    """A randomly initialised (seeded) Qwen3 causal LM, float32."""
+def build_tiny_model(vocab_size: int, seed: int = 0, *, layers: int = 2, hidden: int = 64, context: int = 4096):
+    """A randomly initialised (seeded) Qwen3 causal LM, float32: 4 heads of ``hidden // 4`` (vLLM's CPU attention
+    needs a head_dim of 32 or more: ``hidden=128``), ``context`` positions."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -89,7 +90,7 @@ def build_tiny_model(vocab_size: int, seed: int = 0, *, layers: int = 2, hidden:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden // 4,
-        max_position_embeddings=4096,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=None,
@@ -101,11 +102,11 @@ def build_tiny_model(vocab_size: int, seed: int = 0, *, layers: int = 2, hidden:
     return model
 
 
-def save_tiny_model(directory: Path, seed: int = 0) -> Path:
+def save_tiny_model(directory: Path, seed: int = 0, *, hidden: int = 64, context: int = 4096) -> Path:
     """Write tokenizer + model to ``directory`` (an HF-style local path any backend can load) and return it."""
     directory.mkdir(parents=True, exist_ok=True)
     tok = build_tiny_tokenizer()
-    model = build_tiny_model(len(tok), seed=seed)
+    model = build_tiny_model(len(tok), seed=seed, hidden=hidden, context=context)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     model.config.eos_token_id = eos
     model.config.pad_token_id = tok.pad_token_id
