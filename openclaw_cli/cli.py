@@ -602,7 +602,7 @@ def serve(
     method: MethodOption = None,
     sets: SetOption = None,
 ) -> None:
-    """Serve the policy on the OpenAI and Anthropic APIs and capture every exchange."""
+    """Serve the policy on the OpenAI (Chat Completions, Responses) and Anthropic APIs and capture every exchange."""
     settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
     _refuse_exposed_bind_without_key(settings)
     run_server = _optional_attr(PROXY_MODULE, "run_server", "the proxy (openclaw serve)")
@@ -612,7 +612,7 @@ def serve(
     _stdout().print(
         Text(
             f"serving {model_name} with backend {settings.backend} on http://{settings.host}:{settings.port} "
-            "(OpenAI /v1/chat/completions, Anthropic /v1/messages)",
+            "(OpenAI /v1/chat/completions and /v1/responses, Anthropic /v1/messages)",
             style="bold",
         ),
         soft_wrap=True,

