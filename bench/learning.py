@@ -17,7 +17,7 @@ training plain and *told* (the user's instruction :data:`INSTRUCTION` added to t
 Pass: after-training plain replies at least 40% shorter than before and at most 1.2x the told model's length;
 keyword-hit rate at least the told model's minus 0.10; distinct-word ratio at least 0.5. ``--judge scripted`` swaps
 the judge for a rule that reads the users' reactions (the control: does training learn when the reward is right?);
-``--control`` runs it beside the default judge for every seed. ``--plot-dir`` writes each run's reward-over-steps PNG
+``--control`` runs it beside the first seed. ``--plot-dir`` writes each run's reward-over-steps PNG
 (the plot ``openclaw eval --plot`` draws).
 """
 
@@ -381,8 +381,10 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"held-out ({len(HELD_OUT)} questions, temperature 0, never trained on):")
     print(f"  before, plain: {before.words:5.1f} words, hits {before.hits:.2f}, distinct {before.distinct:.2f}")
     print(f"  before, told:  {told.words:5.1f} words, hits {told.hits:.2f}, distinct {told.distinct:.2f}")
-    judges = ["policy", "scripted"] if args.control else [args.judge]
-    results = [await train_once(args, seed, kind, args.plot_dir) for seed in args.seeds for kind in judges]
+    runs = [(seed, args.judge) for seed in args.seeds]
+    if args.control:  # the scripted-judge control beside the first seed
+        runs.insert(1, (args.seeds[0], "scripted"))
+    results = [await train_once(args, seed, kind, args.plot_dir) for seed, kind in runs]
     print("\n=== held-out after training, plain (before / told as above)")
     print(f"{'judge':>9}{'seed':>6}{'steps':>7}{'held':>6}{'words':>8}{'hits':>7}{'distinct':>10}  verdict")
     passed = 0
@@ -415,7 +417,7 @@ def main() -> int:
         default="policy",
         help="policy: the policy judges itself (the default product); scripted: a rule that reads the users (control)",
     )
-    parser.add_argument("--control", action="store_true", help="run the scripted-judge control beside each seed")
+    parser.add_argument("--control", action="store_true", help="also run the scripted-judge control (first seed)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a setting other than its default")
     parser.add_argument("--plot-dir", type=Path, default=None, help="write reward-over-steps PNGs here")
     args = parser.parse_args()

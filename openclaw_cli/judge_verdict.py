@@ -89,11 +89,13 @@ def reward_from_log_odds(log_odds: float, margin: float) -> float:
 
 
 def hint_from_next_state(text: str) -> str | None:
-    """The user's own next message as an OPD hint: template control tokens removed, whitespace collapsed, clipped,
-    quoted as the user's words (so the teacher reads it as feedback, not as a new question). None when empty."""
+    """The user's own next message as an OPD hint: template control tokens removed (the teacher must not read the
+    user's words as turns of its own), whitespace collapsed, clipped. None when nothing is left. The words go in as
+    the user wrote them: framing them ("The user's feedback on an earlier answer: ...") kept held-out keyword hits
+    lower in a measured trial (0.38 against 0.50-0.62 for the raw words, same steps)."""
     cleaned = " ".join(_SPECIAL_TOKEN.sub(" ", text).split())
     if not cleaned:
         return None
     if len(cleaned) > HINT_CHARS:
         cleaned = cleaned[: HINT_CHARS - 3].rstrip() + "..."
-    return f'The user\'s feedback on an earlier answer: "{cleaned}"'
+    return cleaned
