@@ -6,7 +6,7 @@ previous_response_id, user, prompt_cache_key (a session id, as Codex sends it). 
 truncation, service_tier and any other unknown field are accepted and ignored.
 
 ``previous_response_id`` continues a response this process produced with ``store`` not false: the conversation of
-the last :data:`KEEP_RESPONSES` such responses is kept in memory (not across restarts); an unknown id is a 400 with
+the last :data:`KEEP_RESPONSES` such responses is kept in memory (not across restarts); an unknown id is a 404 with
 code ``previous_response_not_found``. ``store: false`` (Codex's default) keeps nothing here; the turn is captured
 for training either way, like every other API's.
 
@@ -44,7 +44,7 @@ from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, from_backend_error, from_unexpected
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.openai_api import parse_constraints, parse_tools
-from openclaw_cli.proxy.response_store import KEEP_RESPONSES, StoredResponses
+from openclaw_cli.proxy.response_store import KEEP_RESPONSES
 from openclaw_cli.proxy.responses_convert import (
     CUSTOM_INPUT_KEY,
     chat_tool_choice,
@@ -78,10 +78,6 @@ class ResponsesRequest:
     started_at: float = field(default_factory=time.time)
 
 
-def stored_responses(state: ProxyState) -> StoredResponses:
-    return state.responses
-
-
 # -- request parsing -----------------------------------------------------------------------------------------------
 
 
@@ -106,7 +102,7 @@ def parse_responses_request(body: dict[str, Any], state: ProxyState) -> Response
     messages = to_chat_messages(body.get("instructions"), body.get("input", []))
     previous = get_field(body, "previous_response_id", str)
     if previous:
-        earlier = stored_responses(state).get(previous)
+        earlier = state.responses.get(previous)
         if earlier is None:
             raise ProxyError(
                 404,
@@ -406,7 +402,7 @@ async def _finish(
     )
     await state.recorder.record(exchange)
     if req.store:
-        stored_responses(state).put(req.response_id, [*prepared.messages, message])
+        state.responses.put(req.response_id, [*prepared.messages, message])
     return body
 
 
