@@ -501,25 +501,25 @@ class TrainerLoop:
         """log pi_base(a_t | prompt + hint) for the completion tokens, or None when it cannot be scored."""
         try:
             prompt = self.backend.tokenizer().render(teacher_messages(turn.messages, hint), turn.tools)
-            scored = await self.backend.compute_logprobs(prompt + list(turn.completion_tokens), base=True)
-        except Exception as exc:  # e.g. the hint pushes the context past the model's limit
-            log.warning("turn %d: cannot score the OPD teacher (%s); using its reward only", turn.id, exc)
+        except Exception as exc:
+            log.warning("turn %d: cannot render the OPD teacher's prompt (%s); using its reward only", turn.id, exc)
             return None
-        tail = scored[len(prompt) :]
-        if len(tail) != len(turn.completion_tokens) or any(v is None for v in tail):
-            return None
-        return [float(v) for v in tail if v is not None]
+        # e.g. the hint pushes the context past the model's limit
+        return await self._base_completion_logprobs(turn, prompt, "the OPD teacher (using its reward only)")
 
     async def _base_logprobs(self, turn: TurnRecord) -> list[float] | None:
         """log pi_base(a_t | prompt) for the completion tokens (the KL anchor), or None when it cannot be scored."""
+        return await self._base_completion_logprobs(turn, list(turn.prompt_tokens), "the base model for the KL anchor")
+
+    async def _base_completion_logprobs(self, turn: TurnRecord, prompt: list[int], what: str) -> list[float] | None:
+        """The frozen base model's log-probabilities of the turn's completion tokens after ``prompt``; None (logged)
+        when the backend cannot score them."""
         try:
-            scored = await self.backend.compute_logprobs(
-                list(turn.prompt_tokens) + list(turn.completion_tokens), base=True
-            )
+            scored = await self.backend.compute_logprobs(prompt + list(turn.completion_tokens), base=True)
         except Exception as exc:
-            log.warning("turn %d: cannot score the base model for the KL anchor (%s)", turn.id, exc)
+            log.warning("turn %d: cannot score %s: %s", turn.id, what, exc)
             return None
-        tail = scored[len(turn.prompt_tokens) :]
+        tail = scored[len(prompt) :]
         if len(tail) != len(turn.completion_tokens) or any(v is None for v in tail):
             return None
         return [float(v) for v in tail if v is not None]
