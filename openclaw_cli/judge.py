@@ -520,11 +520,15 @@ class JudgeLoop:
         if verdict.hint is not None:
             verdict.hint_source = "judge"
         elif self.wants_hints and hint_source in ("auto", "next_state"):
-            # The user's own next message is the hint when the judge does not read it as approval: a correction
-            # or an instruction is hindsight in the user's words, even where the judge cannot write a hint.
+            # The user's own next message is the hint: a correction or an instruction is hindsight in the user's
+            # words, even where the judge cannot write a hint. By default on every user reply, approval included:
+            # a small judge misreads many corrections as mild approval (its verdict alone would drop their hints),
+            # and an approving hint costs little, because the teacher then rates the reply at least as high as the
+            # student did and OPD's advantage is clipped at train.opd_max_advantage (0 by default).
             next_state = args[2]
             role = turn.next_state_role or (str(next_state[-1].get("role")) if next_state else None)
-            if role == "user" and verdict.score <= 0:
+            every = self.settings.judge.next_state_hints == "every"
+            if role == "user" and (every or verdict.score <= 0):
                 words = [flatten_content(m.get("content")) for m in next_state if m.get("role") == "user"]
                 hint = hint_from_next_state(words[-1]) if words else None
                 if hint is not None:
