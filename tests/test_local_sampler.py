@@ -51,7 +51,7 @@ def random_lora(
     gen = torch.Generator().manual_seed(seed)
     weights: LoraWeights = {}
     for key in versions.layer_keys:
-        base = model.get_submodule(key).base
+        base = model.get_submodule(key)
         a = torch.randn(rank, base.in_features, generator=gen) * scale
         b = torch.randn(base.out_features, rank, generator=gen) * scale
         weights[key] = LoraDelta(a=a, b=b, scaling=2.0)
@@ -101,7 +101,7 @@ def test_versioned_layer_adds_scaled_low_rank_delta_for_the_active_version_only(
     b = torch.tensor([[0.5], [-1.0]])
     info = versions.publish({"q_proj": LoraDelta(a=a, b=b, scaling=3.0)}, "hand")
     x = torch.tensor([[1.0, 2.0, 3.0]])
-    base_out = layer.base(x)
+    base_out = layer.base_forward(x)
     # A x = 1 + 6 = 7; B (A x) = [3.5, -7]; times scaling 3 = [10.5, -21]
     expected = base_out + torch.tensor([[10.5, -21.0]])
     with versions.activate(versions.acquire(info.version)):
@@ -119,7 +119,7 @@ def test_install_rejects_models_without_matching_linears() -> None:
 
 def test_publish_checks_keys_and_shapes(served: SimpleNamespace) -> None:
     key = served.versions.layer_keys[0]
-    base = served.model.get_submodule(key).base
+    base = served.model.get_submodule(key)
     with pytest.raises(BackendError, match="does not adapt"):
         served.versions.publish({"model.nope": LoraDelta(torch.zeros(1, 2), torch.zeros(2, 1), 1.0)})
     wrong = LoraDelta(torch.zeros(2, base.in_features + 1), torch.zeros(base.out_features, 2), 1.0)
@@ -478,3 +478,97 @@ async def test_concurrent_requests_on_different_versions_do_not_mix(served: Simp
     for result in (on_base, on_latest):
         expected = completion_logprobs(served, result.version, served.prompt, result.tokens)
         assert result.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step-level batching
+
+
+@contextmanager
+def forward_shapes(model: nn.Module) -> Iterator[list[tuple[int, int]]]:
+    """Record (batch, sequence length) of every forward pass's input ids."""
+    shapes: list[tuple[int, int]] = []
+
+    def hook(_module: nn.Module, _args: object, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids")
+        if ids is not None:
+            shapes.append((int(ids.shape[0]), int(ids.shape[1])))
+        time.sleep(0.002)  # let requests submitted together meet in one batch
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield shapes
+    finally:
+        handle.remove()
+
+
+async def test_concurrent_requests_decode_in_one_batch_each_as_it_would_alone(served: SimpleNamespace) -> None:
+    versions = served.versions
+    tuned = versions.publish(random_lora(versions, served.model, seed=41), "batched")
+    tok = served.tok
+    prompts = [
+        served.prompt,
+        tok.render([{"role": "user", "content": "Tell me a long story about a cat who learned to fly."}]),
+        tok.render([{"role": "user", "content": "Hi"}]),
+    ]
+    requests = [
+        (prompts[0], SamplingParams(max_tokens=12, seed=1), 0),
+        (prompts[1], SamplingParams(max_tokens=20, seed=2, temperature=0.7), tuned.version),
+        (prompts[2], SamplingParams(max_tokens=16, temperature=0.0), tuned.version),
+    ]
+    alone = [await served.sampler.sample(p, params, version=v) for p, params, v in requests]
+    with forward_shapes(served.model) as shapes:
+        together = await asyncio.gather(*(served.sampler.sample(p, params, version=v) for p, params, v in requests))
+    assert max(batch for batch, _ in shapes) == 3  # the three decoded together, different prompts and versions
+    decode_steps = sum(1 for _, length in shapes if length == 1)
+    assert decode_steps < sum(len(r.tokens) for r in together) - 1  # fewer passes than tokens: batched
+    for one, many, (prompt, _, version) in zip(alone, together, requests, strict=True):
+        assert many.version == version and many.tokens == one.tokens
+        assert many.logprobs == pytest.approx(one.logprobs, abs=1e-4)
+        assert many.logprobs == pytest.approx(completion_logprobs(served, version, prompt, many.tokens), abs=1e-4)
+
+
+async def test_a_request_joining_a_running_batch_and_rows_leaving_keep_everyone_exact(served: SimpleNamespace) -> None:
+    tok = served.tok
+    long_prompt = tok.render([{"role": "user", "content": "Explain, step by step and in detail, how bread is baked."}])
+    short = SamplingParams(max_tokens=3, seed=5)  # leaves early: its row goes, the padding it forced is trimmed
+    long = SamplingParams(max_tokens=24, seed=6)
+    late = SamplingParams(max_tokens=10, seed=7)
+    expected = [
+        await served.sampler.sample(long_prompt, long, version=0),
+        await served.sampler.sample(served.prompt, short, version=0),
+        await served.sampler.sample(tok.render([{"role": "user", "content": "Yo"}]), late, version=0),
+    ]
+    with slow_forward(served.model, 0.003):
+        first = asyncio.create_task(served.sampler.sample(long_prompt, long, version=0))
+        second = asyncio.create_task(served.sampler.sample(served.prompt, short, version=0))
+        await asyncio.sleep(0.05)  # both running; then one more joins mid-decode
+        third = asyncio.create_task(
+            served.sampler.sample(tok.render([{"role": "user", "content": "Yo"}]), late, version=0)
+        )
+        results = await asyncio.gather(first, second, third)
+    for got, want in zip(results, expected, strict=True):
+        assert got.tokens == want.tokens
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+async def test_a_long_prefill_is_chunked_between_decode_steps_of_running_streams(served: SimpleNamespace) -> None:
+    sampler = TransformersSampler(served.model, served.tok, served.versions, max_concurrent=4, context_length=4096)
+    sampler.PREFILL_CHUNK = 16
+    long_prompt = served.tok.render([{"role": "user", "content": " ".join(["word"] * 150)}])
+    assert len(long_prompt) > 8 * sampler.PREFILL_CHUNK
+    try:
+        with forward_shapes(served.model) as shapes:
+            stream = sampler.stream(served.prompt, SamplingParams(max_tokens=60, seed=3), version=0)
+            assert isinstance(await anext(stream), TokenChunk)
+            mark = len(shapes)
+            other = await sampler.sample(long_prompt, SamplingParams(max_tokens=2, seed=3), version=0)
+            await stream.aclose()
+        during = shapes[mark:]
+        chunks = [i for i, (batch, length) in enumerate(during) if length == sampler.PREFILL_CHUNK]
+        assert len(chunks) >= 8
+        # Between consecutive prefill chunks the running stream got a decode step: it never waited for the prompt.
+        assert all(during[i + 1] == (1, 1) for i in chunks[:-1])
+        assert other.logprobs == pytest.approx(completion_logprobs(served, 0, long_prompt, other.tokens), abs=1e-4)
+    finally:
+        sampler.close()

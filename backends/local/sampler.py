@@ -15,10 +15,11 @@ import asyncio
 import inspect
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -201,8 +202,78 @@ def _cache_argument_name(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+@dataclass(eq=False)
+class _Request:
+    """One request from admission to its result: its own prefill cache, then a row of the decode batch."""
+
+    prompt: list[int]
+    params: SamplingParams
+    served: ServedVersion
+    deliver: Callable[[StreamEvent | _Failure], None]
+    with_chunks: bool
+    cancelled: threading.Event
+    accepted_at: float
+    generator: torch.Generator
+    text: IncrementalText
+    stop_ids: frozenset[int]
+    cache: Any = None  # its own KV cache while the prompt is prefilled; then the batch's
+    prefilled: int = 0  # prompt tokens in the cache so far
+    pad: int = 0  # left padding of this row in the batch cache
+    next_input: int = -1  # the last sampled token, not yet in the cache
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    first_token_at: float = 0.0
+    finish_reason: FinishReason | None = None
+
+    def result(self) -> SampleResult:
+        return SampleResult(
+            tokens=self.tokens,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason or "length",
+            version=self.served.number,
+            text=self.text.text,
+            stop_sequence=self.text.stop_sequence,
+            sampling_logprobs=self.sampling_logprobs,
+            top_logprobs=self.top_logprobs,
+            prompt_tokens=len(self.prompt),
+            started_at=self.accepted_at,
+            first_token_at=self.first_token_at,
+            finished_at=time.time(),
+        )
+
+
+def _left_pad(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    """Prepend ``size`` zero positions on the sequence axis (-2) of a [batch, heads, seq, dim] cache tensor."""
+    if size == 0:
+        return tensor
+    shape = (*tensor.shape[:-2], size, tensor.shape[-1])
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
+
+
+def _mergeable(cache: Any) -> bool:
+    """Whether a cache is plain per-layer key/value tensors that rows can be padded into and picked out of
+    (sliding-window and recurrent layers keep state we cannot pad; such models decode one request at a time)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+
+
 class TransformersSampler:
-    """Samples from the policy versions of one served model, on CPU or GPU, a thread per running request."""
+    """Samples from the policy versions of one served model, on CPU or GPU, in step-level batches.
+
+    One scheduler thread owns decoding. Each admitted request first has its prompt prefilled into a cache of its
+    own: while other requests are decoding, :data:`PREFILL_CHUNK` tokens at a time, one chunk between their decode
+    steps (a long prompt never stalls the streams already running), else in one pass; then its cache joins the batch's (left-padded to a common length) and every decode
+    step advances all running requests with one forward pass, each row on its own policy version
+    (:meth:`PolicyVersions.activate_rows`). At most ``max_concurrent`` requests are admitted; the rest wait in order.
+    Padded positions are masked and each row keeps its own position ids, so a row's tokens and log-probabilities
+    are those it would get alone (up to float rounding).
+    """
+
+    PREFILL_CHUNK = 512
 
     def __init__(
         self,
@@ -217,20 +288,26 @@ class TransformersSampler:
         self._tokenizer = tokenizer
         self._versions = versions
         self.context_length = context_length
+        self._max_concurrent = max_concurrent
         self._device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._cache_arg = _cache_argument_name(model)
         self._eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
-        self._executor = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="openclaw-sampler")
-        # Teacher scoring (OPD, training-side) gets its own thread so it never takes a serving slot.
+        self._lock = threading.Condition()
+        self._waiting: deque[_Request] = deque()  # not yet admitted
+        self._prefilling: deque[_Request] = deque()  # admitted, prompt not yet all in their own cache
+        self._rows: list[_Request] = []  # decoding together; their caches are self._batch_cache
+        self._batch_cache: Any = None
+        self._closed = False
+        self._scheduler: threading.Thread | None = None
+        # Teacher scoring (OPD, training-side) gets its own thread so it never waits behind serving.
         self._scoring_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openclaw-scoring")
-        self._running = 0
-        self._running_lock = threading.Lock()
 
     @property
     def running_requests(self) -> int:
-        """Decode loops executing right now (for dashboards and tests)."""
-        return self._running
+        """Requests admitted and not finished (prefilling or decoding), for dashboards and tests."""
+        with self._lock:
+            return len(self._prefilling) + len(self._rows)
 
     async def sample(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
@@ -239,7 +316,7 @@ class TransformersSampler:
             async for event in events:
                 if isinstance(event, SampleResult):
                     return event
-        raise BackendError("sampler ended without a result")  # unreachable unless the worker misbehaves
+        raise BackendError("sampler ended without a result")  # unreachable unless the scheduler misbehaves
 
     def stream(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
@@ -292,11 +369,18 @@ class TransformersSampler:
         return await asyncio.wrap_future(future)
 
     def close(self) -> None:
-        """Stop accepting work; running loops see their consumers go away and stop at the next token."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop accepting work: requests not yet admitted fail; running ones stop when their consumers go away."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._lock.notify_all()
+        for request in waiting:
+            request.deliver(
+                _Failure(BackendError("the local sampler was closed before this request ran", retryable=True))
+            )
         self._scoring_executor.shutdown(wait=False, cancel_futures=True)
 
-    # -- internals -------------------------------------------------------------------------------------------
+    # -- requests --------------------------------------------------------------------------------------------
 
     async def _events(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None, *, with_chunks: bool
@@ -315,30 +399,31 @@ class TransformersSampler:
             except RuntimeError:  # the event loop is gone: nobody is listening any more
                 cancelled.set()
 
-        def work() -> None:
-            try:
-                emit = deliver if with_chunks else None
-                deliver(self._generate(prompt, params, served, emit, cancelled, accepted_at))
-            except SamplingCancelled:
-                pass
-            except BackendError as exc:
-                deliver(_Failure(exc))
-            except Exception as exc:
-                failure = BackendError(f"sampling failed: {type(exc).__name__}: {exc}", retryable=False)
-                failure.__cause__ = exc
-                deliver(_Failure(failure))
-
-        try:
-            future = self._executor.submit(work)
-        except RuntimeError as exc:  # executor shut down
-            raise BackendError("the local sampler is closed", retryable=True) from exc
-
-        def never_ran(done: Future[None]) -> None:
-            # close() cancels requests still waiting for a worker; their consumers must not wait forever.
-            if done.cancelled():
-                deliver(_Failure(BackendError("the local sampler was closed before this request ran", retryable=True)))
-
-        future.add_done_callback(never_ran)
+        generator = torch.Generator(device=self._device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        request = _Request(
+            prompt=prompt,
+            params=params,
+            served=served,
+            deliver=deliver,
+            with_chunks=with_chunks,
+            cancelled=cancelled,
+            accepted_at=accepted_at,
+            generator=generator,
+            text=IncrementalText(self._tokenizer.decode, params.stop),
+            stop_ids=self._eos_ids | frozenset(params.stop_token_ids),
+        )
+        with self._lock:
+            if self._closed:
+                raise BackendError("the local sampler is closed", retryable=True)
+            self._waiting.append(request)
+            if self._scheduler is None:
+                self._scheduler = threading.Thread(target=self._schedule, name="openclaw-sampler", daemon=True)
+                self._scheduler.start()
+            self._lock.notify_all()
         try:
             while True:
                 item = await queue.get()
@@ -348,7 +433,9 @@ class TransformersSampler:
                 if isinstance(item, SampleResult):
                     return
         finally:
-            cancelled.set()  # consumer closed or cancelled: the worker stops at its next token
+            cancelled.set()  # consumer closed or cancelled: the scheduler drops the request at its next step
+            with self._lock:
+                self._lock.notify_all()
 
     def _check_tokens(self, tokens: Sequence[int], what: str) -> None:
         bad = [t for t in tokens if not 0 <= t < self._vocab_size]
@@ -368,87 +455,170 @@ class TransformersSampler:
                 status_code=400,
             )
 
-    def _generate(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        served: ServedVersion,
-        emit: Callable[[StreamEvent], None] | None,
-        cancelled: threading.Event,
-        accepted_at: float,
-    ) -> SampleResult:
-        with self._running_lock:
-            self._running += 1
+    # -- the scheduler thread --------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        """Admit, prefill one chunk, decode one step; repeat until closed and idle."""
+        while True:
+            with self._lock:
+                self._drop_cancelled()
+                while len(self._prefilling) + len(self._rows) < self._max_concurrent and self._waiting:
+                    self._prefilling.append(self._waiting.popleft())
+                if not self._prefilling and not self._rows:
+                    if self._closed:
+                        self._scheduler = None
+                        return
+                    self._lock.wait()
+                    continue
+                prefill = self._prefilling[0] if self._prefilling else None
+            with torch.inference_mode():
+                if prefill is not None:
+                    self._guarded([prefill], self._prefill_chunk)
+                if self._rows:
+                    self._guarded(list(self._rows), self._decode_step)
+
+    def _drop_cancelled(self) -> None:
+        """Forget requests whose consumers left (call with the lock held)."""
+        for request in [r for r in self._prefilling if r.cancelled.is_set()]:
+            self._prefilling.remove(request)
+        gone = [i for i, r in enumerate(self._rows) if r.cancelled.is_set()]
+        if gone:
+            self._remove_rows(gone)
+
+    def _guarded(self, requests: list[_Request], work: Callable[[], None]) -> None:
+        """Run one unit of work; if it raises, the requests it touched fail with a clear error and leave."""
         try:
-            with self._versions.activate(served), torch.inference_mode():
-                return self._decode_loop(prompt, params, served.number, emit, cancelled, accepted_at)
-        finally:
-            with self._running_lock:
-                self._running -= 1
+            work()
+        except Exception as exc:
+            failure = (
+                exc
+                if isinstance(exc, BackendError)
+                else BackendError(f"sampling failed: {type(exc).__name__}: {exc}", retryable=False)
+            )
+            if failure is not exc:
+                failure.__cause__ = exc
+            with self._lock:
+                for request in requests:
+                    if request in self._prefilling:
+                        self._prefilling.remove(request)
+                    if request in self._rows:
+                        self._remove_rows([self._rows.index(request)])
+                    request.deliver(_Failure(failure))
 
-    def _decode_loop(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        version: int,
-        emit: Callable[[StreamEvent], None] | None,
-        cancelled: threading.Event,
-        accepted_at: float,
-    ) -> SampleResult:
-        from transformers import DynamicCache
+    def _prefill_chunk(self) -> None:
+        """Feed the next chunk of the oldest prefilling request's prompt; after the last one, its first token."""
+        request = self._prefilling[0]
+        if request.prefilled == len(request.prompt):  # prefilled, its cache waits for the batch to drain
+            with self._lock:
+                if not self._rows:
+                    self._prefilling.popleft()
+                    self._join_batch(request)
+            return
+        if request.cache is None:
+            from transformers import DynamicCache
 
-        generator = torch.Generator(device=self._device)
-        if params.seed is None:
-            generator.seed()
+            request.cache = DynamicCache(config=getattr(self._model, "config", None))
+        start = request.prefilled
+        # Chunks only matter while other streams wait on this thread; alone, one pass is fastest.
+        end = min(len(request.prompt), start + self.PREFILL_CHUNK) if self._rows else len(request.prompt)
+        ids = torch.tensor([request.prompt[start:end]], dtype=torch.long, device=self._device)
+        with self._versions.activate(request.served):
+            out = self._model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_arg: request.cache})
+        request.prefilled = end
+        if end < len(request.prompt):
+            return
+        with self._lock:
+            self._prefilling.popleft()
+        if self._accept(request, out.logits[0, -1]):
+            return
+        with self._lock:
+            self._join_batch(request)
+
+    def _decode_step(self) -> None:
+        """One forward pass for every running row: its last token in, its next token out."""
+        rows = list(self._rows)
+        length = self._batch_cache.get_seq_length()
+        ids = torch.tensor([[r.next_input] for r in rows], dtype=torch.long, device=self._device)
+        positions = torch.tensor([[length - r.pad] for r in rows], dtype=torch.long, device=self._device)
+        kwargs: dict[str, Any] = {self._cache_arg: self._batch_cache}
+        if any(r.pad for r in rows):
+            mask = torch.ones(len(rows), length + 1, dtype=torch.long, device=self._device)
+            for i, row in enumerate(rows):
+                mask[i, : row.pad] = 0
+            kwargs["attention_mask"] = mask
+        with self._versions.activate_rows([r.served for r in rows], self._device):
+            out = self._model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **kwargs)
+        finished = [i for i, row in enumerate(rows) if self._accept(row, out.logits[i, -1])]
+        if finished:
+            with self._lock:
+                self._remove_rows(finished)
+
+    def _accept(self, request: _Request, logits: torch.Tensor) -> bool:
+        """Choose the request's next token from its logits, stream it; True when the request is finished (its
+        result delivered)."""
+        params = request.params
+        choice = choose_token(logits, params, request.generator)
+        if not request.tokens:
+            request.first_token_at = time.time()
+        request.tokens.append(choice.token)
+        request.logprobs.append(choice.logprob)
+        request.sampling_logprobs.append(choice.sampling_logprob)
+        if params.top_logprobs:
+            request.top_logprobs.append(list(choice.top))
+        if choice.token in request.stop_ids:
+            request.finish_reason = "stop"
+            piece = request.text.finish()
         else:
-            generator.manual_seed(params.seed)
-        stop_ids = self._eos_ids | frozenset(params.stop_token_ids)
-        text = IncrementalText(self._tokenizer.decode, params.stop)
-        cache = DynamicCache(config=getattr(self._model, "config", None))
-        next_input = torch.tensor([prompt], dtype=torch.long, device=self._device)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        sampling_logprobs: list[float] = []
-        top_logprobs: list[list[tuple[int, float]]] = []
-        first_token_at = 0.0
-        finish_reason: FinishReason = "length"
-        while len(tokens) < params.max_tokens:
-            if cancelled.is_set():
-                raise SamplingCancelled
-            out = self._model(input_ids=next_input, use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})
-            choice = choose_token(out.logits[0, -1], params, generator)
-            if not tokens:
-                first_token_at = time.time()
-            tokens.append(choice.token)
-            logprobs.append(choice.logprob)
-            sampling_logprobs.append(choice.sampling_logprob)
-            if params.top_logprobs:
-                top_logprobs.append(list(choice.top))
-            if choice.token in stop_ids:
-                finish_reason = "stop"
-                piece = text.finish()
-            else:
-                piece = text.push(choice.token)
-                if text.stop_sequence is not None:
-                    finish_reason = "stop"
-                elif len(tokens) == params.max_tokens:
-                    piece += text.finish()
-            if emit is not None:
-                emit(TokenChunk(choice.token, choice.logprob, piece, version, list(choice.top)))
-            if finish_reason == "stop":
-                break
-            next_input = torch.tensor([[choice.token]], dtype=torch.long, device=self._device)
-        return SampleResult(
-            tokens=tokens,
-            logprobs=logprobs,
-            finish_reason=finish_reason,
-            version=version,
-            text=text.text,
-            stop_sequence=text.stop_sequence,
-            sampling_logprobs=sampling_logprobs,
-            top_logprobs=top_logprobs,
-            prompt_tokens=len(prompt),
-            started_at=accepted_at,
-            first_token_at=first_token_at,
-            finished_at=time.time(),
-        )
+            piece = request.text.push(choice.token)
+            if request.text.stop_sequence is not None:
+                request.finish_reason = "stop"
+            elif len(request.tokens) == params.max_tokens:
+                request.finish_reason = "length"
+                piece += request.text.finish()
+        if request.with_chunks:
+            request.deliver(TokenChunk(choice.token, choice.logprob, piece, request.served.number, list(choice.top)))
+        if request.finish_reason is not None:
+            request.deliver(request.result())
+            return True
+        request.next_input = choice.token
+        return False
+
+    def _join_batch(self, request: _Request) -> None:
+        """Add a prefilled request's cache to the batch's, left-padding the shorter side to a common length
+        (call with the lock held). A cache that cannot be padded waits until the batch is empty."""
+        cache, request.cache = request.cache, None
+        if not self._rows:
+            self._rows, self._batch_cache, request.pad = [request], cache, 0
+            return
+        if not (_mergeable(cache) and _mergeable(self._batch_cache)):
+            request.cache = cache
+            self._prefilling.appendleft(request)  # prefilled already: it joins when the batch drains
+            return
+        batch_length, own_length = self._batch_cache.get_seq_length(), cache.get_seq_length()
+        length = max(batch_length, own_length)
+        for batch_layer, own_layer in zip(self._batch_cache.layers, cache.layers, strict=True):
+            batch_layer.keys = torch.cat(
+                [_left_pad(batch_layer.keys, length - batch_length), _left_pad(own_layer.keys, length - own_length)]
+            )
+            batch_layer.values = torch.cat(
+                [_left_pad(batch_layer.values, length - batch_length), _left_pad(own_layer.values, length - own_length)]
+            )
+        for row in self._rows:
+            row.pad += length - batch_length
+        request.pad = length - own_length
+        self._rows.append(request)
+
+    def _remove_rows(self, indices: list[int]) -> None:
+        """Drop rows from the batch and its cache, then the left padding every remaining row shares (lock held)."""
+        keep = [i for i in range(len(self._rows)) if i not in set(indices)]
+        self._rows = [self._rows[i] for i in keep]
+        if not self._rows:
+            self._batch_cache = None
+            return
+        self._batch_cache.batch_select_indices(torch.tensor(keep, device=self._device))
+        shared = min(r.pad for r in self._rows)
+        if shared:
+            for layer in self._batch_cache.layers:
+                layer.keys, layer.values = layer.keys[..., shared:, :], layer.values[..., shared:, :]
+            for row in self._rows:
+                row.pad -= shared

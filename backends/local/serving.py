@@ -1,7 +1,8 @@
 """Serve several LoRA policy versions from ONE copy of the base model.
 
-Each LoRA-target linear of the served model is replaced by a :class:`VersionedLoraLinear` that computes
-``base(x) + scaling * B(A x)`` with the deltas of the version active *on the calling thread*. A request activates
+Each LoRA-target linear of the served model becomes a :class:`VersionedLoraLinear` that computes
+``base(x) + scaling * B(A x)`` with the deltas of the version active *on the calling thread* (or, for a batch
+whose rows run on different versions, each row's own: :meth:`PolicyVersions.activate_rows`). A request activates
 its version for as long as it runs (:meth:`PolicyVersions.activate`), so requests on different versions run
 concurrently over the same module tree, and a published version costs only its LoRA tensors. The arithmetic is
 PEFT's, so the sampler's log-probabilities match the trainer's at the same version (on-policy ratios ~1).
@@ -19,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -43,38 +45,56 @@ class ServedVersion:
         return self.info.version
 
 
-class VersionedLoraLinear(nn.Module):
-    """A base linear layer plus the LoRA delta of whichever version the current thread has activated."""
+class VersionedLoraLinear(nn.Linear):
+    """A LoRA-target linear layer that adds the delta of whichever version the current thread has activated.
 
-    def __init__(self, base: nn.Linear, key: str, active: threading.local) -> None:
-        super().__init__()
-        self.base = base
-        self.key = key
-        self._active = active
+    It is the model's own ``nn.Linear`` object with its class switched in place (:meth:`adopt`), not a wrapper
+    around it: a wrapper module costs one more module call per layer per token, measured at 2-3% of a decode step
+    of SmolLM2-135M on CPU.
+    """
 
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
+    key: str
+    _active: threading.local
 
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
+    @classmethod
+    def adopt(cls, linear: nn.Linear, key: str, active: threading.local) -> VersionedLoraLinear:
+        linear.__class__ = cls
+        layer = cast(VersionedLoraLinear, linear)
+        layer.key = key
+        layer._active = active
+        return layer
 
-    @property
-    def weight(self) -> torch.Tensor:  # some HF code reads `.weight.dtype` of projections
-        return self.base.weight
+    def base_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen base layer alone."""
+        return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result = self.base(x)
-        served: ServedVersion | None = getattr(self._active, "served", None)
-        if served is None:
+        result = F.linear(x, self.weight, self.bias)
+        active: ServedVersion | RowVersions | None = getattr(self._active, "served", None)
+        if active is None:
             return result
-        delta = served.weights.get(self.key)
-        if delta is None:
-            return result
-        # PEFT's order of operations: the delta in the adapter's dtype, added, then cast back to the layer's dtype.
-        lora = F.linear(F.linear(x.to(delta.a.dtype), delta.a), delta.b) * delta.scaling
-        return (result + lora).to(result.dtype)
+        if isinstance(active, ServedVersion):
+            delta = active.weights.get(self.key)
+            return result if delta is None else _add_delta(result, x, delta)
+        # A batch whose rows (dim 0) run on different versions: each group of rows gets its own delta.
+        for served, rows in active.groups:
+            delta = served.weights.get(self.key)
+            if delta is not None:
+                result[rows] = _add_delta(result[rows], x[rows], delta)
+        return result
+
+
+def _add_delta(result: torch.Tensor, x: torch.Tensor, delta: LoraDelta) -> torch.Tensor:
+    # PEFT's order of operations: the delta in the adapter's dtype, added, then cast back to the layer's dtype.
+    lora = F.linear(F.linear(x.to(delta.a.dtype), delta.a), delta.b) * delta.scaling
+    return (result + lora).to(result.dtype)
+
+
+@dataclass(frozen=True)
+class RowVersions:
+    """The versions of a batch's rows, grouped: (version, the row indices on it) for each version with weights."""
+
+    groups: tuple[tuple[ServedVersion, torch.Tensor], ...]
 
 
 def matches_target(module_name: str, targets: list[str]) -> bool:
@@ -85,7 +105,7 @@ def matches_target(module_name: str, targets: list[str]) -> bool:
 def install_versioned_lora(
     model: nn.Module, targets: list[str], active: threading.local
 ) -> dict[str, VersionedLoraLinear]:
-    """Replace every ``nn.Linear`` named by ``targets`` with a :class:`VersionedLoraLinear`; returns them by path.
+    """Turn every ``nn.Linear`` named by ``targets`` into a :class:`VersionedLoraLinear`; returns them by path.
 
     Paths are the module paths in the unwrapped model (e.g. ``model.layers.0.self_attn.q_proj``), the keys the
     trainer uses in :data:`LoraWeights`. A model can be wrapped once (one registry routes its layers).
@@ -101,11 +121,11 @@ def install_versioned_lora(
         linear_names.append(name)
         if not matches_target(name, targets):
             continue
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        layer = VersionedLoraLinear(module, name, active)
-        setattr(parent, child, layer)
-        wrapped[name] = layer
+        if type(module) is not nn.Linear:  # e.g. a quantized subclass: its own forward must not be replaced
+            raise BackendError(
+                f"LoRA target {name} is a {type(module).__name__}; versioned serving needs plain torch Linear layers"
+            )
+        wrapped[name] = VersionedLoraLinear.adopt(module, name, active)
     if not wrapped:
         suffixes = sorted({n.rpartition(".")[2] for n in linear_names})
         raise BackendError(
@@ -211,6 +231,29 @@ class PolicyVersions:
         finally:
             self._active.served = previous
 
+    @contextmanager
+    def activate_rows(self, rows: list[ServedVersion], device: torch.device) -> Iterator[None]:
+        """Route batch row ``i`` (dim 0 of every input) to ``rows[i]`` for code on this thread inside the block,
+        so requests on different versions decode in one forward pass."""
+        by_version: dict[int, list[int]] = {}
+        for i, served in enumerate(rows):
+            by_version.setdefault(id(served), []).append(i)
+        if len(by_version) == 1:
+            with self.activate(rows[0]):
+                yield
+            return
+        groups = tuple(
+            (rows[indices[0]], torch.tensor(indices, device=device))
+            for indices in by_version.values()
+            if rows[indices[0]].weights
+        )
+        previous = getattr(self._active, "served", None)
+        self._active.served = RowVersions(groups) if groups else None
+        try:
+            yield
+        finally:
+            self._active.served = previous
+
     def _prepare(self, weights: LoraWeights) -> LoraWeights:
         """Check keys and shapes against the wrapped layers and move the deltas to the layers' device."""
         unknown = sorted(set(weights) - set(self._layers))
@@ -221,7 +264,7 @@ class PolicyVersions:
             )
         prepared: dict[str, LoraDelta] = {}
         for key, delta in weights.items():
-            base = self._layers[key].base
+            base = self._layers[key]
             rank = delta.a.shape[0]
             if delta.a.shape != (rank, base.in_features) or delta.b.shape != (base.out_features, rank):
                 raise BackendError(
