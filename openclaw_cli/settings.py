@@ -160,7 +160,16 @@ class LocalSettings(_Section):
         "auto", description="auto = vLLM when importable and a GPU exists, else transformers."
     )
     keep_versions: int = Field(3, ge=1, le=64, description="Published versions kept servable (plus the base).")
-    max_concurrent_requests: int = Field(4, ge=1, le=256)
+    max_concurrent_requests: int = Field(
+        4, ge=1, le=256, description="Requests the transformers sampler decodes together (more wait in order)."
+    )
+    decode_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="CPU cores the transformers sampler's decode steps use (prefill uses all); unset = half the "
+        "cores. Decode is memory-bound: on 2 cores one thread decoded as fast as two, and 4 requests 27% faster.",
+    )
     state_dir: Path = Field(Path(".openclaw/checkpoints"))
     seed: int = 0
 

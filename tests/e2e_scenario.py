@@ -167,9 +167,31 @@ class ScenarioResult:
     round_rates: list[float]
     version: int  # the served policy version at the end
     steps: list[tuple[Any, ...]]  # Store.steps() after the run: (step, version, created_at, metrics)
+    sampler_kind: str | None = None  # the local backend's sampler ("transformers" | "vllm")
+    # With check_served_logprobs: the largest gap between a served reply's logprobs (current version) and the
+    # backend's teacher-forced logprobs of the same tokens at that version.
+    served_logprob_gap: float | None = None
 
 
-async def run_scenario(settings: Settings, judge: ScriptedJudge, *, backend: Backend | None = None) -> ScenarioResult:
+async def served_logprob_gap(backend: Backend, prompt: list[int]) -> float:
+    """Sample a reply from the current version, score the same tokens teacher-forced, return the largest gap."""
+    from openclaw_cli.types import SamplingParams
+
+    version = backend.current_version().version
+    served = await backend.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=5), version=version)
+    scored = await backend.compute_logprobs(prompt + served.tokens)  # the current version, as served
+    tail = scored[len(prompt) :]
+    return max(abs(a - float(b)) for a, b in zip(served.logprobs, tail, strict=True) if b is not None)
+
+
+async def run_scenario(
+    settings: Settings,
+    judge: ScriptedJudge,
+    *,
+    backend: Backend | None = None,
+    ready_timeout_s: float = 60.0,
+    check_served_logprobs: bool = False,
+) -> ScenarioResult:
     """Launch the runtime (with ``backend`` instead of the one the settings name, when given), measure the
     behaviour rate, train for :data:`STEPS` steps of scripted sessions, measure again, and shut down."""
     stop = asyncio.Event()
@@ -178,7 +200,7 @@ async def run_scenario(settings: Settings, judge: ScriptedJudge, *, backend: Bac
         launch(settings, ui=False, stop=stop, judge_client=judge, on_ready=ready.set_result, backend=backend)
     )
     try:
-        runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
+        runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=ready_timeout_s)
         base_url = runtime.url
         client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
         async with httpx.AsyncClient(base_url=base_url) as http:
@@ -192,8 +214,13 @@ async def run_scenario(settings: Settings, judge: ScriptedJudge, *, backend: Bac
                 await wait_for_step(runtime, step)
             rate_after = await behaviour_rate(client)
             version = runtime.backend.current_version().version
+            gap = None
+            if check_served_logprobs:
+                prompt = runtime.backend.tokenizer().render([{"role": "user", "content": QUESTIONS[0]}])
+                gap = await served_logprob_gap(runtime.backend, prompt)
         steps = runtime.store.steps()
+        sampler_kind = getattr(runtime.backend, "sampler_kind", None)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=60)
-    return ScenarioResult(rate_before, rate_after, round_rates, version, steps)
+    return ScenarioResult(rate_before, rate_after, round_rates, version, steps, sampler_kind, gap)

@@ -131,6 +131,7 @@ class LocalBackend:
             loaded.tokenizer,
             versions,
             max_concurrent=settings.local.max_concurrent_requests,
+            decode_threads=settings.local.decode_threads,
             context_length=loaded.tokenizer.context_length,
         )
         return loaded, trainer, versions, sampler

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from backends.local.cpu_threads import default_decode_threads, per_thread_setter
 from backends.local.serving import PolicyVersions, ServedVersion
 from openclaw_cli.backend import BackendError
 from openclaw_cli.types import FinishReason, SampleResult, SamplingParams, StreamEvent, TokenChunk
@@ -266,11 +267,12 @@ class TransformersSampler:
 
     One scheduler thread owns decoding. Each admitted request first has its prompt prefilled into a cache of its
     own: while other requests are decoding, :data:`PREFILL_CHUNK` tokens at a time, one chunk between their decode
-    steps (a long prompt never stalls the streams already running), else in one pass; then its cache joins the batch's (left-padded to a common length) and every decode
-    step advances all running requests with one forward pass, each row on its own policy version
-    (:meth:`PolicyVersions.activate_rows`). At most ``max_concurrent`` requests are admitted; the rest wait in order.
-    Padded positions are masked and each row keeps its own position ids, so a row's tokens and log-probabilities
-    are those it would get alone (up to float rounding).
+    steps (a long prompt never stalls the streams already running), else in one pass. Then its cache joins the
+    batch's (left-padded to a common length) and every decode step advances all running requests with one forward
+    pass, each row on its own policy version (:meth:`PolicyVersions.activate_rows`). At most ``max_concurrent``
+    requests are admitted; the rest wait in order. Padded positions are masked and each row keeps its own position
+    ids, so a row's tokens and log-probabilities are those it would get alone (up to float rounding). On CPU,
+    decode steps run on ``decode_threads`` cores and prefill on all (:mod:`backends.local.cpu_threads`).
     """
 
     PREFILL_CHUNK = 512
@@ -283,6 +285,7 @@ class TransformersSampler:
         *,
         max_concurrent: int,
         context_length: int,
+        decode_threads: int | None = None,
     ) -> None:
         self._model = model
         self._tokenizer = tokenizer
@@ -293,6 +296,10 @@ class TransformersSampler:
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._cache_arg = _cache_argument_name(model)
         self._eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
+        # CPU: decode steps on fewer threads than prefill (see backends.local.cpu_threads); None = leave as is.
+        self._set_threads = per_thread_setter() if self._device.type == "cpu" else None
+        self._prefill_threads = torch.get_num_threads()
+        self._decode_threads = decode_threads or default_decode_threads()
         self._lock = threading.Condition()
         self._waiting: deque[_Request] = deque()  # not yet admitted
         self._prefilling: deque[_Request] = deque()  # admitted, prompt not yet all in their own cache
@@ -473,9 +480,15 @@ class TransformersSampler:
                 prefill = self._prefilling[0] if self._prefilling else None
             with torch.inference_mode():
                 if prefill is not None:
+                    self._use_threads(self._prefill_threads)
                     self._guarded([prefill], self._prefill_chunk)
                 if self._rows:
+                    self._use_threads(self._decode_threads)
                     self._guarded(list(self._rows), self._decode_step)
+
+    def _use_threads(self, count: int) -> None:
+        if self._set_threads is not None:
+            self._set_threads(count)
 
     def _drop_cancelled(self) -> None:
         """Forget requests whose consumers left (call with the lock held)."""

