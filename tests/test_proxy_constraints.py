@@ -443,7 +443,9 @@ def test_openai_slow_constrained_stream_sends_keepalives_then_the_reply(make_pro
     keepalives = [f for f in frames if f == ": keepalive"]
     data = [f for f in frames if f.startswith("data: ")]
     assert len(keepalives) >= 2 and frames.index(": keepalive") == 0  # the stream opened before the reply was known
-    assert all(frames.index(k) < frames.index(data[0]) for k in keepalives[:1]) and data[-1] == "data: [DONE]"
+    # Keep-alives only while the reply is unknown: every one of them comes before the first data frame.
+    first_data = frames.index(data[0])
+    assert all(i < first_data for i, f in enumerate(frames) if f == ": keepalive") and data[-1] == "data: [DONE]"
     calls = [c for f in data[:-1] for ch in json.loads(f[6:])["choices"] for c in ch["delta"].get("tool_calls") or []]
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("calculator", {"q": "2*3"})

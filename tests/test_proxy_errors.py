@@ -393,6 +393,7 @@ def test_api_key_required_everywhere_but_healthz(make_proxy):
         model="openclaw", max_tokens=5, messages=USER
     )
     assert reply.content[0].text == "ok"
+    assert proxy.sink.exchanges, "the accepted requests were captured"
     assert all("s3cret" not in json.dumps(ex.headers) for ex in proxy.sink.exchanges)
 
 
