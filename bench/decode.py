@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from loopback import serve_on_loopback
 
 QUESTIONS = [
     "Write a long, detailed essay about the history of the city of Rome.",
@@ -54,20 +55,6 @@ def long_question(tokenizer: Any, target_tokens: int) -> str:
 
 
 # -- ours, through the proxy --------------------------------------------------------------------------------------
-
-
-async def serve(app: Any) -> tuple[Any, asyncio.Task[None], str]:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    return server, task, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def stream_once(client: Any, question: str, max_tokens: int) -> tuple[int, float, float]:
@@ -106,7 +93,7 @@ class Ours:
     async def __aenter__(self) -> Ours:
         import httpx
 
-        from backends.local import LocalBackend
+        from openclaw_cli.backends.local import LocalBackend
         from openclaw_cli.proxy import create_app
         from openclaw_cli.sessions import SessionCapture
         from openclaw_cli.settings import Settings
@@ -123,7 +110,7 @@ class Ours:
         await self.backend.start()
         self.store = Store(settings.store.path)
         app = create_app(self.backend, SessionCapture(self.store, settings), settings)
-        self.server, self.task, base_url = await serve(app)
+        self.server, self.task, base_url = await serve_on_loopback(app)
         self.client = httpx.AsyncClient(base_url=base_url, timeout=600)
         self.model_path: Path = self.backend._require_loaded().path  # the same files, for the peers
         await stream_once(self.client, QUESTIONS[0], 8)  # warm up
@@ -159,7 +146,7 @@ class Generate:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from backends.local.model_loading import resolve_dtype
+        from openclaw_cli.backends.local.model_loading import resolve_dtype
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

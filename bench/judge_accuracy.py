@@ -164,7 +164,7 @@ def auc(pairs: list[tuple[int, float]]) -> float:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.judge import JudgeLoop, PolicyJudgeClient
     from openclaw_cli.settings import Settings
 

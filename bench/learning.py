@@ -29,7 +29,6 @@ import contextlib
 import logging
 import os
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -39,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from loopback import serve_on_loopback
 
 SYSTEM = "You are a helpful assistant."
 # Each question with the words (lower case) one of which a right answer contains: a short reply must also answer,
@@ -172,20 +173,6 @@ def build_settings(args: argparse.Namespace, work: Path, seed: int) -> Any:
     )
 
 
-async def serve(app: Any) -> tuple[Any, asyncio.Task[None], str]:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    return server, task, f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
 def _fmt(value: Any, pattern: str) -> str:
     return "   n/a" if value is None else pattern.format(value)
 
@@ -290,7 +277,7 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
     """One run from the base model: users + judge + trainer for ``--minutes``, then the held-out questions."""
     import httpx
 
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.judge import JudgeLoop, make_judge_client
     from openclaw_cli.promotion import make_publisher
     from openclaw_cli.proxy import create_app
@@ -306,7 +293,9 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
         backend = LocalBackend(settings)
         await backend.start()
         store = Store(settings.store.path)
-        server, server_task, base_url = await serve(create_app(backend, SessionCapture(store, settings), settings))
+        server, server_task, base_url = await serve_on_loopback(
+            create_app(backend, SessionCapture(store, settings), settings)
+        )
         client = ScriptedRewardJudge() if judge_kind == "scripted" else make_judge_client(settings, backend)
         judge = JudgeLoop(store, client, settings)
         trainer = TrainerLoop(store, backend, settings)
@@ -370,7 +359,7 @@ def verdict_line(before: HeldOut, told: HeldOut, after: HeldOut) -> tuple[bool, 
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.settings import Settings
 
     base = LocalBackend(build_settings(args, Path(tempfile.gettempdir()), 0) if args.model != "smollm2" else Settings())

@@ -74,7 +74,7 @@ def model_dir(name: str, workdir: Path) -> Path:
 
         return save_tiny_model(workdir / "tiny")
     if name == "smollm2":
-        from backends.local.model_loading import embedded_default_path
+        from openclaw_cli.backends.local.model_loading import embedded_default_path
 
         return embedded_default_path()  # converts the packaged GGUF on first use (~1 min), then cached
     raise SystemExit(f"unknown model {name!r}; use tiny or smollm2")
@@ -95,8 +95,8 @@ def prompt_of_length(tokenizer, length: int) -> tuple[str, list[int]]:
 
 
 def bench_ours(path: Path, args: argparse.Namespace, lora: LoraSettings) -> Measurement:
-    from backends.local.model_loading import load_model
-    from backends.local.trainer import LoraTrainer
+    from openclaw_cli.backends.local.model_loading import load_model
+    from openclaw_cli.backends.local.trainer import LoraTrainer
 
     loaded = load_model(Settings(model=str(path), local={"device": "cpu", "dtype": "float32"}))
     trainer = LoraTrainer(

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from loopback import serve_on_loopback
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -69,21 +70,6 @@ def build_settings(model: str, work: Path) -> Any:
         local=LocalSettings(state_dir=work / "ckpt", device="cpu", sampler="transformers", keep_versions=3),
         proxy={"accept_any_model": True},
     )
-
-
-async def serve(app: Any) -> tuple[Any, asyncio.Task[None], str]:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    return server, task, f"http://127.0.0.1:{port}"
 
 
 async def training_batch(backend: Any, size: int, max_tokens: int) -> list[Any]:
@@ -143,7 +129,7 @@ async def run_phase(
 async def main_async(args: argparse.Namespace) -> int:
     import httpx
 
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.proxy import create_app
     from openclaw_cli.sessions import SessionCapture
     from openclaw_cli.store import Store
@@ -160,7 +146,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"model: {model_name} (loaded in {load_s:.1f}s), torch threads: {_torch_threads()}")
         store = Store(settings.store.path)
         app = create_app(backend, SessionCapture(store, settings), settings)
-        server, server_task, base_url = await serve(app)
+        server, server_task, base_url = await serve_on_loopback(app)
         batch = await training_batch(backend, args.batch, args.max_tokens)
         adam = AdamParams(learning_rate=1e-5)
 

@@ -183,7 +183,7 @@ def local_model_dir(settings: Settings) -> tuple[Path | str | None, str]:
     spec = (settings.model or "").strip()
     if not spec:
         try:
-            from backends.local.model_loading import EMBEDDED_CACHE_SUBDIR, cache_root
+            from openclaw_cli.backends.local.model_loading import EMBEDDED_CACHE_SUBDIR, cache_root
         except ImportError as exc:
             return None, f"cannot locate the embedded model ({exc})"
         converted = cache_root() / EMBEDDED_CACHE_SUBDIR

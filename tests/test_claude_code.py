@@ -607,7 +607,7 @@ def test_context_overflow_is_worded_the_way_claude_code_parses_it(recording):
 def test_claude_code_on_the_embedded_model_gets_a_clear_error_instead_of_a_hang(recording: dict[str, Any]) -> None:
     """On SmolLM2 (8k window, a template that drops tools) Claude Code's request used to look like 4k tokens and then
     stream degenerate text for many minutes. Its tools now count: the request is refused at once, before sampling."""
-    from backends.local.model_loading import load_model
+    from openclaw_cli.backends.local.model_loading import load_model
     from openclaw_cli.doctor_checks import _restore_elided, load_agent_profile
 
     tokenizer = load_model(Settings(local={"device": "cpu"})).tokenizer

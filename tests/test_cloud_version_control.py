@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from backends.fireworks import FireworksBackend
-from backends.fireworks.batch import FireworksBatchBackend
-from backends.fireworks.stepwise import FireworksStepwiseBackend
-from backends.tinker import TinkerBackend
 from openclaw_cli.backend import BackendError, supports_version_control
+from openclaw_cli.backends.fireworks import FireworksBackend
+from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend
+from openclaw_cli.backends.fireworks.stepwise import FireworksStepwiseBackend
+from openclaw_cli.backends.tinker import TinkerBackend
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.promotion import PromotionGate
 from openclaw_cli.sessions import SessionCapture

@@ -23,7 +23,7 @@ from e2e_scenario import (
     run_scenario,
 )
 
-from backends.tinker import TinkerBackend
+from openclaw_cli.backends.tinker import TinkerBackend
 from openclaw_cli.testing.tinker_double import TinkerDouble
 
 pytestmark = pytest.mark.timeout(180)

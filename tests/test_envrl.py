@@ -258,7 +258,7 @@ async def test_custom_loss_needs_learner_logprobs(tiny_tokenizer) -> None:
 async def test_custom_loss_trains_like_the_builtin_loss_on_the_local_backend(tiny_model_dir, tmp_path) -> None:
     """The same importance-sampling objective, written as a custom loss, moves the LoRA weights exactly as the
     backend's own loss does. Adam with a huge eps makes the update proportional to the gradient (not its sign)."""
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.envrl.batch import TrainTurn
     from openclaw_cli.settings import LocalSettings, LoraSettings
 
@@ -323,7 +323,7 @@ async def test_the_same_loop_trains_on_the_tinker_backend(tiny_model_dir, tmp_pa
     """Only the backend protocol is used: the Tinker backend (against its SDK-level test double) takes PPO steps and
     a custom loss, and publishes a version per step."""
     pytest.importorskip("tinker")
-    from backends.tinker import TinkerBackend
+    from openclaw_cli.backends.tinker import TinkerBackend
     from openclaw_cli.testing.tinker_double import TinkerDouble
 
     async def rollout(ctx: RolloutContext) -> Trajectory:

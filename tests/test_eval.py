@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from backends.local import LocalBackend
+from openclaw_cli.backends.local import LocalBackend
 from openclaw_cli.cli import app
 from openclaw_cli.eval import (
     EvalError,

@@ -170,7 +170,7 @@ async def test_a_retried_step_after_an_optim_step_failure_accumulates_the_batch_
 ) -> None:
     import torch
 
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.trainer_loop import TrainerLoop
     from openclaw_cli.types import AdamParams
 
@@ -325,7 +325,7 @@ async def test_judge_down_turns_wait_and_serving_is_unaffected(tiny_model_dir: P
 async def test_a_trainer_that_always_fails_skips_batches_and_the_last_good_policy_serves(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS
 
     async def broken_optim_step(self: LocalBackend, adam: Any) -> Any:

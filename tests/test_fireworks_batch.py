@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from backends.fireworks import FireworksBackend
-from backends.fireworks.batch import FireworksBatchBackend, default_deployment_id, sft_row, split_datum
 from openclaw_cli.backend import BackendError, NotYetAvailable
+from openclaw_cli.backends.fireworks import FireworksBackend
+from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend, default_deployment_id, sft_row, split_datum
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.sessions import SessionCapture
 from openclaw_cli.settings import Settings, TrainSettings
@@ -395,9 +395,9 @@ async def test_unknown_prompts_and_cross_entropy_datums(
 
 
 async def test_stepwise_mode_without_its_module_points_at_batch_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backends.fireworks as facade
+    import openclaw_cli.backends.fireworks as facade
 
-    monkeypatch.setattr(facade, "STEPWISE_MODULE", "backends.fireworks.no_such_mode")
+    monkeypatch.setattr(facade, "STEPWISE_MODULE", "openclaw_cli.backends.fireworks.no_such_mode")
     backend = FireworksBackend(Settings(backend="fireworks"))
     with pytest.raises(NotYetAvailable, match=r"fireworks\.mode = 'batch'"):
         await backend.start()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.fireworks import FireworksBackend
-from backends.fireworks.control import (
+from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.fireworks import FireworksBackend
+from openclaw_cli.backends.fireworks.control import (
     DeploymentSpec,
     FireworksControl,
     UsageLedger,
@@ -18,7 +19,6 @@ from backends.fireworks.control import (
     make_client,
     resolve_credentials,
 )
-from openclaw_cli.backend import BackendError
 from openclaw_cli.settings import FireworksSettings, Settings
 from openclaw_cli.testing.fireworks_double import ACCOUNT, API_KEY, BASE_MODEL, FireworksDouble, double_settings
 

@@ -9,10 +9,16 @@ from typing import Any
 
 import pytest
 
-from backends.fireworks import FireworksBackend
-from backends.fireworks.control import error_detail
-from backends.fireworks.serving import ServedModel, ServedVersions, _Completion, completion_request, is_scaling_up
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.fireworks import FireworksBackend
+from openclaw_cli.backends.fireworks.control import error_detail
+from openclaw_cli.backends.fireworks.serving import (
+    ServedModel,
+    ServedVersions,
+    _Completion,
+    completion_request,
+    is_scaling_up,
+)
 from openclaw_cli.testing.fireworks_double import FireworksDouble, double_settings
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, TokenChunk
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.fireworks.stepwise import FireworksStepwiseBackend, training_base_url
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.fireworks.stepwise import FireworksStepwiseBackend, training_base_url
 from openclaw_cli.settings import FireworksSettings, LocalSettings, LoraSettings, Settings
 from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
 from openclaw_cli.types import AdamParams, SamplingParams, TokenChunk, datum_from_completion

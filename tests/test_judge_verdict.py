@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.local import LocalBackend
+from openclaw_cli.backends.local import LocalBackend
 from openclaw_cli.collapse_guard import distinct_ratio
 from openclaw_cli.judge import (
     JudgeConfigError,

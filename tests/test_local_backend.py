@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.local import LocalBackend, choose_sampler
 from openclaw_cli.backend import Backend, BackendError, load_backend_class
+from openclaw_cli.backends.local import LocalBackend, choose_sampler
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings
 from openclaw_cli.types import AdamParams, SampleResult, SamplingParams, TokenChunk, datum_from_completion
 
@@ -190,7 +190,7 @@ async def test_checkpoint_names_and_paths_are_checked(backend: LocalBackend, tmp
 
 
 def test_sampler_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backends.local.vllm_sampler as vllm_sampler
+    import openclaw_cli.backends.local.vllm_sampler as vllm_sampler
 
     monkeypatch.setattr(vllm_sampler, "vllm_available", lambda: (False, "vllm is not installed"))
     assert choose_sampler("auto") == "transformers"
@@ -205,7 +205,7 @@ def test_sampler_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_diagnose_reports_without_loading_the_model(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import backends.local.model_loading as model_loading
+    import openclaw_cli.backends.local.model_loading as model_loading
 
     def forbidden(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("diagnose must not load the model")

@@ -15,8 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from backends.local.lora_delta import LoraDelta, LoraWeights
-from backends.local.sampler import (
+from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
+from openclaw_cli.backends.local.sampler import (
     IncrementalText,
     TransformersSampler,
     choose_token,
@@ -24,8 +25,7 @@ from backends.local.sampler import (
     filter_top_p,
     teacher_forced_logprobs,
 )
-from backends.local.serving import PolicyVersions, VersionedLoraLinear, install_versioned_lora
-from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local.serving import PolicyVersions, VersionedLoraLinear, install_versioned_lora
 from openclaw_cli.settings import DEFAULT_LORA_TARGETS
 from openclaw_cli.types import SampleResult, SamplingParams, TokenChunk
 
@@ -572,3 +572,36 @@ async def test_a_long_prefill_is_chunked_between_decode_steps_of_running_streams
         assert other.logprobs == pytest.approx(completion_logprobs(served, 0, long_prompt, other.tokens), abs=1e-4)
     finally:
         sampler.close()
+
+
+def test_the_per_thread_setter_changes_only_the_calling_threads_count() -> None:
+    from openclaw_cli.backends.local.cpu_threads import per_thread_setter
+
+    setter = per_thread_setter()
+    if setter is None:
+        pytest.skip("torch here does not run on the libgomp it ships")
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def worker() -> None:
+        setter(1)
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [1] and torch.get_num_threads() == before
+
+
+async def test_decode_steps_use_decode_threads_and_prefill_all(served: SimpleNamespace) -> None:
+    sampler = TransformersSampler(
+        served.model, served.tok, served.versions, max_concurrent=2, context_length=4096, decode_threads=1
+    )
+    calls: list[int] = []
+    sampler._set_threads = calls.append  # record what the scheduler asks for, in order
+    try:
+        result = await sampler.sample(served.prompt, SamplingParams(max_tokens=4, seed=1), version=0)
+    finally:
+        sampler.close()
+    # One prefill on every core, then a decode step per further token on one.
+    assert calls == [torch.get_num_threads()] + [1] * (len(result.tokens) - 1)

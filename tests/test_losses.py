@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from backends.local.losses import ClipBounds, compute_loss, validate_loss_config
+from openclaw_cli.backends.local.losses import ClipBounds, compute_loss, validate_loss_config
 
 # Two sequences of three tokens. Sequence 1 starts with a prompt token (weight 0).
 #                 token:  a      b      c   |   d      e      f

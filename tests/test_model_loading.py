@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backends.local import model_loading as ml
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local import model_loading as ml
 from openclaw_cli.settings import Settings
 
 

@@ -454,7 +454,7 @@ def test_real_session_capture_pairs_turns(make_proxy, tmp_path):
 
 @pytest.fixture
 def local_proxy(tiny_model_dir: Path) -> Iterator[tuple[Any, MemorySink, BackgroundServer]]:
-    local = pytest.importorskip("backends.local")
+    local = pytest.importorskip("openclaw_cli.backends.local")
     settings = Settings(model=str(tiny_model_dir), local={"device": "cpu"})
     backend = local.LocalBackend(settings)
     asyncio.run(backend.start())

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from backends.local import LocalBackend
-from backends.local.lora_delta import LoraDelta
-from backends.local.serving import PolicyVersions
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local import LocalBackend
+from openclaw_cli.backends.local.lora_delta import LoraDelta
+from openclaw_cli.backends.local.serving import PolicyVersions
 from openclaw_cli.cli import app as cli_app
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings

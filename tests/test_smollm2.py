@@ -27,7 +27,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_embedded_default_loads_offline() -> None:
-    from backends.local.model_loading import EMBEDDED_CACHE_SUBDIR, SOURCE_MARKER, cache_root, load_model
+    from openclaw_cli.backends.local.model_loading import EMBEDDED_CACHE_SUBDIR, SOURCE_MARKER, cache_root, load_model
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # conftest: nothing may come from the hub
     loaded = load_model(Settings(local={"device": "cpu"}))
@@ -62,7 +62,7 @@ def test_embedded_default_loads_offline() -> None:
 
 
 async def test_local_backend_answers_paris() -> None:
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
 
     backend = LocalBackend(Settings(local={"device": "cpu"}))
     await backend.start()

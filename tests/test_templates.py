@@ -1,6 +1,6 @@
 """The `openclaw init` templates: shipped as package data, found through importlib.resources (also from a built
 wheel, not only from an editable checkout), each valid settings with the values its use case needs, and each
-documented in the README's table."""
+documented in the table of docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -72,8 +72,9 @@ def test_init_writes_each_template_and_it_validates(name: str, tmp_path: Path):
         assert dotted(settings, key) == expected, key
 
 
-def test_readme_documents_every_template_in_a_table():
-    rows = [line for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
+def test_the_docs_document_every_template_in_a_table():
+    page = REPO / "docs" / "configuration.md"
+    rows = [line for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
     for template in list_templates():
         (row,) = [line for line in rows if line.startswith(f"| `{template.name}` ")]
         assert row.count("|") >= 4, row  # name, for what, key settings
@@ -86,8 +87,7 @@ def test_a_built_wheel_ships_the_templates_and_finds_them_without_the_checkout(t
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("openclaw_cli", "backends"):
-        shutil.copytree(REPO / package, source / package, ignore=ignore)
+    shutil.copytree(REPO / "openclaw_cli", source / "openclaw_cli", ignore=ignore)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
         cwd=source,
@@ -100,8 +100,15 @@ def test_a_built_wheel_ships_the_templates_and_finds_them_without_the_checkout(t
     assert build.returncode == 0, build.stderr
     (wheel,) = tmp_path.glob("openclaw_cli-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = sorted(n for n in archive.namelist() if n.startswith("openclaw_cli/templates/"))
+        names = archive.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points_text = archive.read(entry_points).decode()
+    shipped = sorted(n for n in names if n.startswith("openclaw_cli/templates/"))
     assert shipped == sorted(f"openclaw_cli/templates/{name}.toml" for name in KEY_SETTINGS)
+    # The backends install inside the product's namespace; test doubles and tiny test models stay out of the wheel.
+    assert "openclaw_cli/backends/local/sampler.py" in names and "openclaw_cli/py.typed" in names
+    assert not [n for n in names if n.startswith(("backends/", "openclaw_cli/testing/"))]
+    assert "local = openclaw_cli.backends.local:LocalBackend" in entry_points_text
 
     # Import straight from the wheel (a zip on sys.path, ahead of the editable install): resources come from the zip.
     probe = (

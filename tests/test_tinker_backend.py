@@ -16,10 +16,10 @@ import pytest
 import tinker
 from tinker.types import RequestErrorCategory
 
-from backends.tinker import SUPPORTED_MODELS, TinkerBackend, model_check
-from backends.tinker_shaped import TinkerShapedSdk
-from backends.tinker_wire import sdk_datum
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.tinker import SUPPORTED_MODELS, TinkerBackend, model_check
+from openclaw_cli.backends.tinker_shaped import TinkerShapedSdk
+from openclaw_cli.backends.tinker_wire import sdk_datum
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.proxy.errors import from_backend_error
 from openclaw_cli.sessions import SessionCapture

@@ -219,7 +219,7 @@ def learnable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
 
 
 async def test_grpo_raises_the_calculator_reward(learnable_model_dir: Path, tmp_path: Path) -> None:
-    from backends.local import LocalBackend
+    from openclaw_cli.backends.local import LocalBackend
 
     settings = Settings(
         model=str(learnable_model_dir),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from backends.local.trainer import TRAINER_STATE_FILE, LoraTrainer
+from openclaw_cli.backends.local.trainer import TRAINER_STATE_FILE, LoraTrainer
 from openclaw_cli.settings import LoraSettings
 from openclaw_cli.types import AdamParams, Datum, datum_from_completion
 

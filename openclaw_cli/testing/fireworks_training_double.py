@@ -21,8 +21,8 @@ The Fireworks SDK samples only through the completions endpoint; Tinker's ``crea
 are never called by it and are not served here.
 
 The math is real: each created model is the local backend's pieces on the tiny test model (PEFT LoRA trainer with
-its losses, versioned-LoRA serving and the token-by-token sampler from :mod:`backends.local`). A sampler checkpoint
-is a published LoRA version; a state checkpoint is the trainer's own save directory.
+its losses, versioned-LoRA serving and the token-by-token sampler from :mod:`openclaw_cli.backends.local`). A sampler
+checkpoint is a published LoRA version; a state checkpoint is the trainer's own save directory.
 
 Simplifications (what a test must not read as Fireworks behaviour): every created model and the standalone base
 sampler load their own copy of the model; training jobs run one at a time in arrival order; per-token
@@ -110,9 +110,9 @@ class _Host:
     def __init__(
         self, model_dir: Path, make_trainer: Callable[[Any], Any] | None = None, targets: list[str] | None = None
     ) -> None:
-        from backends.local.model_loading import load_model
-        from backends.local.sampler import TransformersSampler
-        from backends.local.serving import PolicyVersions
+        from openclaw_cli.backends.local.model_loading import load_model
+        from openclaw_cli.backends.local.sampler import TransformersSampler
+        from openclaw_cli.backends.local.serving import PolicyVersions
         from openclaw_cli.settings import LocalSettings, Settings
 
         settings = Settings(
@@ -142,7 +142,7 @@ class _Run(_Host):
     def __init__(
         self, model_dir: Path, session_id: str, run_id: str, seq: int, lora: dict[str, Any], state_root: Path
     ) -> None:
-        from backends.local.trainer import LoraTrainer
+        from openclaw_cli.backends.local.trainer import LoraTrainer
         from openclaw_cli.settings import LoraSettings
 
         targets = (_ATTN_TARGETS if lora.get("train_attn", True) else []) + (

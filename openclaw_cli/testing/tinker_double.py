@@ -10,10 +10,11 @@ implement the methods openclaw's Tinker backend calls — ``ServiceClient.create
 (a real ``tinker.APIFuture``: ``await``, ``result_async()``, ``result()``) that runs in the background, as the SDK's do.
 
 The math is real, done by the local backend's pieces on a local model (the tiny test model): training is
-:class:`backends.local.trainer.LoraTrainer` (PEFT LoRA, Tinker's summed losses from :mod:`backends.local.losses`),
-sampling is :class:`backends.local.sampler.TransformersSampler` over versioned LoRA weights
-(:mod:`backends.local.serving`). Each training client's calls run one at a time in submission order, as Tinker's
-do; sampling clients run concurrently and each serves the weights it was created with, forever.
+:class:`openclaw_cli.backends.local.trainer.LoraTrainer` (PEFT LoRA, Tinker's summed losses from
+:mod:`openclaw_cli.backends.local.losses`), sampling is :class:`openclaw_cli.backends.local.sampler.TransformersSampler`
+over versioned LoRA weights (:mod:`openclaw_cli.backends.local.serving`). Each training client's calls run one at a
+time in submission order, as Tinker's do; sampling clients run concurrently and each serves the weights it was
+created with, forever.
 
 For tests it records every call (:attr:`TinkerDouble.received`), can fail the next call of a method with any
 exception (:meth:`fail_next`; :func:`status_error` / :func:`timeout_error` build the SDK's own exception classes),
@@ -126,10 +127,10 @@ class TinkerDouble:
         seed: int = 0,
         max_concurrent: int = 4,
     ) -> None:
-        from backends.local.model_loading import load_model
-        from backends.local.sampler import TransformersSampler
-        from backends.local.serving import PolicyVersions
-        from backends.local.trainer import structural_copy
+        from openclaw_cli.backends.local.model_loading import load_model
+        from openclaw_cli.backends.local.sampler import TransformersSampler
+        from openclaw_cli.backends.local.serving import PolicyVersions
+        from openclaw_cli.backends.local.trainer import structural_copy
 
         self.model_name = model_name or str(model_dir)
         self.lora_alpha = lora_alpha
@@ -289,7 +290,7 @@ class TinkerDouble:
             raise status_error(400, f"base model {base_model!r} is not supported; this service offers {offered}")
 
     def new_trainer(self, rank: int, targets: tuple[str, ...]) -> Any:
-        from backends.local.trainer import LoraTrainer
+        from openclaw_cli.backends.local.trainer import LoraTrainer
 
         lora = LoraSettings(rank=rank, alpha=self.lora_alpha, targets=list(targets))
         return LoraTrainer(self._train_base, lora, seed=self.seed)

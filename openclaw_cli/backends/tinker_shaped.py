@@ -41,8 +41,9 @@ that only serves (or resumes from a checkpoint) never opens a fresh training run
 ``<local.state_dir>/<name>/openclaw-state.json`` holding the service path, so the trainer loop's resume finds it;
 ``load_state`` accepts that directory or a service path (``tinker://…``) directly.
 
-**Errors** become one-line :class:`~openclaw_cli.backend.BackendError` s (:func:`backends.tinker_wire.backend_error`);
-opening clients is retried with backoff on retryable errors, on top of the SDK's own HTTP retries.
+**Errors** become one-line :class:`~openclaw_cli.backend.BackendError` s
+(:func:`openclaw_cli.backends.tinker_wire.backend_error`); opening clients is retried with backoff on retryable errors,
+on top of the SDK's own HTTP retries.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from backends import tinker_wire as wire
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends import tinker_wire as wire
 from openclaw_cli.types import (
     AdamParams,
     Datum,

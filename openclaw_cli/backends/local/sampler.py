@@ -5,8 +5,9 @@ same version, so importance ratios are ~1 on-policy) and the log-probability und
 sampled from, plus real streaming, stop strings held back from the stream, prompt pinning to one policy version,
 and prompt cancellation. A small loop does all of that plainly.
 
-Each request runs in a worker thread (a pool sized ``max_concurrent``) with its version activated on that thread
-(see :mod:`backends.local.serving`); :meth:`TransformersSampler.stream` hands tokens to asyncio as they are made.
+One scheduler thread decodes every running request together, a row per request, each row on the version it pinned
+(see :class:`TransformersSampler` and :mod:`openclaw_cli.backends.local.serving`); :meth:`TransformersSampler.stream`
+hands tokens to asyncio as they are made.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.local.cpu_threads import default_decode_threads, per_thread_setter
-from backends.local.serving import PolicyVersions, ServedVersion
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local.cpu_threads import default_decode_threads, per_thread_setter
+from openclaw_cli.backends.local.serving import PolicyVersions, ServedVersion
 from openclaw_cli.types import FinishReason, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
@@ -272,7 +273,7 @@ class TransformersSampler:
     pass, each row on its own policy version (:meth:`PolicyVersions.activate_rows`). At most ``max_concurrent``
     requests are admitted; the rest wait in order. Padded positions are masked and each row keeps its own position
     ids, so a row's tokens and log-probabilities are those it would get alone (up to float rounding). On CPU,
-    decode steps run on ``decode_threads`` cores and prefill on all (:mod:`backends.local.cpu_threads`).
+    decode steps run on ``decode_threads`` cores and prefill on all (:mod:`openclaw_cli.backends.local.cpu_threads`).
     """
 
     PREFILL_CHUNK = 512
@@ -296,7 +297,7 @@ class TransformersSampler:
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._cache_arg = _cache_argument_name(model)
         self._eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
-        # CPU: decode steps on fewer threads than prefill (see backends.local.cpu_threads); None = leave as is.
+        # CPU: decode steps on fewer threads than prefill (openclaw_cli.backends.local.cpu_threads); None = as is.
         self._set_threads = per_thread_setter() if self._device.type == "cpu" else None
         self._prefill_threads = torch.get_num_threads()
         self._decode_threads = decode_threads or default_decode_threads()

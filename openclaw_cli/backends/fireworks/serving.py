@@ -36,8 +36,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from backends.fireworks.control import api_error, error_detail, status_of
 from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backends.fireworks.control import api_error, error_detail, status_of
 from openclaw_cli.types import FinishReason, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:

@@ -2,8 +2,8 @@
 
 Serving and training share the base weights: the trainer builds its PEFT model on a copy of the module tree that
 shares the parameter tensors, and the serving side wraps the served tree's LoRA targets so each request runs on the
-LoRA deltas of the version it pinned (:mod:`backends.local.serving`). Trainer calls run in a worker thread under one
-asyncio lock, serving in its own thread pool, so a training step never blocks a reply.
+LoRA deltas of the version it pinned (:mod:`openclaw_cli.backends.local.serving`). Trainer calls run in a worker
+thread under one asyncio lock, serving in the sampler's own scheduler thread, so a training step never blocks a reply.
 
 Heavy imports (torch, transformers, peft) happen in :meth:`LocalBackend.start`, so listing backends stays fast.
 """
@@ -36,12 +36,12 @@ from openclaw_cli.types import (
 )
 
 if TYPE_CHECKING:
-    from backends.local.lora_delta import LoraWeights
-    from backends.local.model_loading import LoadedModel
-    from backends.local.sampler import TransformersSampler
-    from backends.local.serving import PolicyVersions
-    from backends.local.trainer import LoraTrainer
-    from backends.local.vllm_sampler import VLLMSampler
+    from openclaw_cli.backends.local.lora_delta import LoraWeights
+    from openclaw_cli.backends.local.model_loading import LoadedModel
+    from openclaw_cli.backends.local.sampler import TransformersSampler
+    from openclaw_cli.backends.local.serving import PolicyVersions
+    from openclaw_cli.backends.local.trainer import LoraTrainer
+    from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
     from openclaw_cli.settings import Settings
     from openclaw_cli.tokenizer import HFChatTokenizer
 
@@ -57,7 +57,7 @@ def choose_sampler(preference: str) -> SamplerKind:
         return "transformers"
     if preference not in ("auto", "vllm"):
         raise BackendError(f"unknown local.sampler {preference!r}; use auto, transformers or vllm")
-    from backends.local.vllm_sampler import vllm_available  # light: vllm itself is imported only on start
+    from openclaw_cli.backends.local.vllm_sampler import vllm_available  # light: vllm itself is imported only on start
 
     usable, why = vllm_available()
     if preference == "vllm" and not usable:
@@ -97,7 +97,7 @@ class LocalBackend:
             kind = choose_sampler(self.settings.local.sampler)
             loaded, trainer, versions, torch_sampler = await asyncio.to_thread(self._build)
             if kind == "vllm":
-                from backends.local.vllm_sampler import VLLMSampler
+                from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
 
                 self._vllm_adapters = Path(tempfile.mkdtemp(prefix="openclaw-vllm-adapters-"))
                 vllm = VLLMSampler(loaded.path, loaded.tokenizer, self.settings, adapter_dir=self._vllm_adapters)
@@ -113,10 +113,10 @@ class LocalBackend:
             self.sampler_kind = kind
 
     def _build(self) -> tuple[LoadedModel, LoraTrainer, PolicyVersions, TransformersSampler]:
-        from backends.local.model_loading import load_model
-        from backends.local.sampler import TransformersSampler
-        from backends.local.serving import PolicyVersions
-        from backends.local.trainer import LoraTrainer
+        from openclaw_cli.backends.local.model_loading import load_model
+        from openclaw_cli.backends.local.sampler import TransformersSampler
+        from openclaw_cli.backends.local.serving import PolicyVersions
+        from openclaw_cli.backends.local.trainer import LoraTrainer
 
         settings = self.settings
         loaded = load_model(settings)
@@ -165,7 +165,7 @@ class LocalBackend:
         return self._serving().stream(prompt_tokens, params, version)
 
     async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        from backends.local.serving import BASE_VERSION
+        from openclaw_cli.backends.local.serving import BASE_VERSION
 
         return await self._require_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
 
@@ -273,7 +273,7 @@ class LocalBackend:
         The file records whether the trainer's weights are exactly the current version's (no optimizer step
         since the last publish); only then does ``load_state`` bring that version number back.
         """
-        from backends.local.model_loading import write_dir_atomically
+        from openclaw_cli.backends.local.model_loading import write_dir_atomically
 
         if not _STATE_NAME.match(name):
             raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
@@ -330,7 +330,7 @@ class LocalBackend:
         checks = [_import_check(module) for module in ("torch", "transformers", "peft")]
         if not checks[0].ok:
             return checks
-        from backends.local.model_loading import resolve_device
+        from openclaw_cli.backends.local.model_loading import resolve_device
 
         try:
             device = resolve_device(settings.local.device)
@@ -343,7 +343,7 @@ class LocalBackend:
         except BackendError as exc:
             checks.append(Check("device", False, str(exc)))
         checks.append(_model_check(settings))
-        from backends.local.vllm_sampler import vllm_available
+        from openclaw_cli.backends.local.vllm_sampler import vllm_available
 
         usable, why = vllm_available()
         if settings.local.sampler == "vllm":
@@ -390,7 +390,7 @@ def _import_check(module: str) -> Check:
 
 def _model_check(settings: Settings) -> Check:
     """Where the model would come from, without loading or converting it."""
-    from backends.local import model_loading as ml
+    from openclaw_cli.backends.local import model_loading as ml
 
     spec = (settings.model or "").strip()
     if not spec:

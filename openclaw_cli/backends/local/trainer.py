@@ -26,8 +26,8 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import nn
 
-from backends.local.lora_delta import LoraDelta, LoraWeights
-from backends.local.losses import LossStats, compute_loss, required_inputs, validate_loss_config
+from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
+from openclaw_cli.backends.local.losses import LossStats, compute_loss, required_inputs, validate_loss_config
 from openclaw_cli.settings import LoraSettings
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, StepResult
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class VLLMSampler:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from backends.local.model_loading import resolve_dtype
+        from openclaw_cli.backends.local.model_loading import resolve_dtype
 
         local = self.settings.local
         on_cpu = vllm_cpu_build()

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.types import PolicyVersion
 
 BASE_VERSION = 0

@@ -1,9 +1,9 @@
 """Fireworks step-wise training: the policy trains through ``fireworks.training.sdk`` and serves from its samplers.
 
 ``FireworksBackend`` delegates here when ``fireworks.mode = "stepwise"``. Fireworks' training SDK speaks Tinker's
-protocol, so this is a binding of the shared core :class:`backends.tinker_shaped.TinkerShapedBackend` (which holds
-serving, version swaps, training calls and checkpoint records; read its docstring). What is Fireworks-specific
-lives here:
+protocol, so this is a binding of the shared core :class:`openclaw_cli.backends.tinker_shaped.TinkerShapedBackend`
+(which holds serving, version swaps, training calls and checkpoint records; read its docstring). What is
+Fireworks-specific lives here:
 
 - **connection**: ``FiretitanServiceClient(api_key, base_url)`` on the serverless endpoint
   (``fireworks.training_base_url``, else ``{fireworks.base_url or https://api.fireworks.ai}/training/v1/serverless``);
@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.tinker_shaped import TinkerShapedBackend, TinkerShapedSdk
 from openclaw_cli.backend import BackendError, Check
+from openclaw_cli.backends.tinker_shaped import TinkerShapedBackend, TinkerShapedSdk
 from openclaw_cli.settings import env_secret
 
 if TYPE_CHECKING:

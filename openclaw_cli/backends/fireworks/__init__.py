@@ -3,9 +3,10 @@
 ``fireworks.mode``:
 
 - ``stepwise`` (default): the Tinker-compatible step-wise training SDK (``fireworks.training.sdk``, private preview)
-  — :class:`backends.fireworks.stepwise.FireworksStepwiseBackend`, imported on start;
+  — :class:`openclaw_cli.backends.fireworks.stepwise.FireworksStepwiseBackend`, imported on start;
 - ``batch``: judged samples become SFT jobs warm-started from the last LoRA, each new LoRA is loaded onto the
-  deployment and then served — :class:`backends.fireworks.batch.FireworksBatchBackend`. Works on any account.
+  deployment and then served — :class:`openclaw_cli.backends.fireworks.batch.FireworksBatchBackend`. Works on any
+  account.
 
 :class:`FireworksBackend` (the ``fireworks`` entry point) picks the mode on :meth:`FireworksBackend.start` and hands
 every protocol call to it, the optional version control (``stage`` / ``activate`` / ``servable_versions``, for
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from openclaw_cli.backend import Backend, ChatTokenizer
     from openclaw_cli.settings import Settings
 
-STEPWISE_MODULE = "backends.fireworks.stepwise"
+STEPWISE_MODULE = "openclaw_cli.backends.fireworks.stepwise"
 TRAINING_SDK_MODULE = "fireworks.training.sdk"
 KEY_ENV, ACCOUNT_ENV = "FIREWORKS_API_KEY", "FIREWORKS_ACCOUNT_ID"
 _USE_BATCH = "set fireworks.mode = 'batch' (SFT jobs on any account)"
@@ -65,7 +66,7 @@ class FireworksBackend:
                     raise NotYetAvailable(f"the Fireworks step-wise mode is not built yet; {_USE_BATCH}") from exc
                 raise BackendError(f"the Fireworks step-wise mode cannot be imported ({exc}); {_USE_BATCH}") from exc
             return module.FireworksStepwiseBackend(self.settings)
-        from backends.fireworks.batch import FireworksBatchBackend
+        from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend
 
         return FireworksBatchBackend(self.settings)
 
@@ -162,7 +163,7 @@ class FireworksBackend:
         checks.append(Check("api key", key is not None, "set" if key else f"set {KEY_ENV} or fireworks.api_key"))
         account = fw.account_id or os.environ.get(ACCOUNT_ENV)
         checks.append(Check("account id", bool(account), account or f"set {ACCOUNT_ENV} or fireworks.account_id"))
-        from backends.fireworks.control import resolve_base_model, resolve_tokenizer_source
+        from openclaw_cli.backends.fireworks.control import resolve_base_model, resolve_tokenizer_source
 
         base = resolve_base_model(settings)
         base_hint = "set fireworks.base_model (accounts/.../models/...)"

@@ -1,7 +1,7 @@
 """The Tinker backend: the backend protocol on Thinking Machines' Tinker service, through the ``tinker`` SDK.
 
-A thin binding of :class:`backends.tinker_shaped.TinkerShapedBackend` (which holds all the logic and documents
-serving, streaming, training and checkpoints). What is Tinker-specific lives here: credentials
+A thin binding of :class:`openclaw_cli.backends.tinker_shaped.TinkerShapedBackend` (which holds all the logic and
+documents serving, streaming, training and checkpoints). What is Tinker-specific lives here: credentials
 (``tinker.api_key`` or ``TINKER_API_KEY``; ``tinker.base_url`` or ``TINKER_BASE_URL``), the SDK's types and error
 classes, and the readiness checks for ``openclaw backends`` / ``doctor``.
 
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.tinker_shaped import TinkerShapedBackend, TinkerShapedSdk
-from backends.tinker_wire import backend_error
 from openclaw_cli.backend import BackendError, Check
+from openclaw_cli.backends.tinker_shaped import TinkerShapedBackend, TinkerShapedSdk
+from openclaw_cli.backends.tinker_wire import backend_error
 from openclaw_cli.settings import env_secret
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _tinker_rest_client(*, base_url: str | None, api_key: str | None) -> Any:
 
 
 class TinkerBackend(TinkerShapedBackend):
-    """The Backend protocol on Tinker (see the module docstring and :mod:`backends.tinker_shaped`)."""
+    """The Backend protocol on Tinker (see the module docstring and :mod:`openclaw_cli.backends.tinker_shaped`)."""
 
     name: ClassVar[str] = "tinker"
 

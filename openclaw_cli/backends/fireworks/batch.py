@@ -62,7 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.fireworks.control import (
+from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.fireworks.control import (
     DeploymentSpec,
     FireworksControl,
     UsageLedger,
@@ -72,14 +73,13 @@ from backends.fireworks.control import (
     resolve_credentials,
     resolve_tokenizer_source,
 )
-from backends.fireworks.serving import (
+from openclaw_cli.backends.fireworks.serving import (
     BASE_VERSION,
     FireworksSampler,
     ServedModel,
     ServedVersions,
     deployment_model_name,
 )
-from openclaw_cli.backend import BackendError
 from openclaw_cli.types import (
     AdamParams,
     Datum,
