@@ -16,7 +16,6 @@ libgomp it ships (other platforms), :func:`per_thread_setter` returns None and t
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -40,7 +39,7 @@ def per_thread_setter() -> Callable[[int], None] | None:
     return lambda n: setter(max(1, int(n)))
 
 
-def default_decode_threads() -> int:
-    """Half the machine's cores (at least one): decode is bandwidth-bound, and the other half serves training and
-    the judge, which run at the same time."""
-    return max(1, (os.cpu_count() or 1) // 2)
+def default_decode_threads(all_threads: int) -> int:
+    """Half of torch's thread count (at least one): decode is bandwidth-bound, and the other half serves training
+    and the judge, which run at the same time. torch's count already follows the process's CPU affinity."""
+    return max(1, all_threads // 2)

@@ -300,7 +300,7 @@ class TransformersSampler:
         # CPU: decode steps on fewer threads than prefill (openclaw_cli.backends.local.cpu_threads); None = as is.
         self._set_threads = per_thread_setter() if self._device.type == "cpu" else None
         self._prefill_threads = torch.get_num_threads()
-        self._decode_threads = decode_threads or default_decode_threads()
+        self._decode_threads = decode_threads or default_decode_threads(self._prefill_threads)
         self._lock = threading.Condition()
         self._waiting: deque[_Request] = deque()  # not yet admitted
         self._prefilling: deque[_Request] = deque()  # admitted, prompt not yet all in their own cache
