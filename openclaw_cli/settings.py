@@ -348,7 +348,7 @@ class Settings(BaseSettings):
     method: Literal["rl", "opd", "combined"] = Field(
         "opd",
         description="rl = Binary RL on the judge's reward; opd = On-Policy Distillation from hints (the user's own "
-        "correction by default); combined = both. opd by default: see the README's learning section.",
+        "correction by default); combined = both. opd by default: see docs/learning.md.",
     )
     session_idle_s: float = Field(900.0, gt=0)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
