@@ -234,21 +234,13 @@ class VLLMSampler:
         return served.info
 
     async def _publish(self, weights: LoraWeights, name: str | None, make_current: bool = True) -> PolicyVersion:
-        from vllm.lora.request import LoRARequest
-
-        engine = self._require_engine()
+        if self._base.lora is None:
+            await self._base_as_zero_adapter(weights)
         number = self._latest + 1
         info = PolicyVersion(number, name or f"v{number}", time.time())
         path = self.adapter_dir / f"v{number}-{uuid.uuid4().hex[:8]}"
-        await asyncio.to_thread(write_peft_adapter, weights, path, self.model_path)
-        lora = LoRARequest(lora_name=f"openclaw-v{number}", lora_int_id=next(self._lora_ids), lora_path=str(path))
-        try:
-            await engine.add_lora(lora)  # load before switching, so the first request on it pays nothing
-        except Exception as exc:
-            shutil.rmtree(path, ignore_errors=True)
-            raise BackendError(f"vLLM rejected the LoRA adapter for version {number}: {exc}") from exc
-        if self._base.lora is None:
-            await self._base_as_zero_adapter(weights)
+        # Loaded before switching, so the first request on it pays nothing.
+        lora = await self._load_adapter(weights, path, f"openclaw-v{number}", f"the LoRA adapter for version {number}")
         served = _Served(info, lora, path)
         self._published[number] = served
         self._latest = number
@@ -271,18 +263,26 @@ class VLLMSampler:
         output is exact (the delta is 0), on every platform, for the price of one adapter slot.
         """
         import torch
-        from vllm.lora.request import LoRARequest
 
         zeros = {key: LoraDelta(torch.zeros_like(d.a), torch.zeros_like(d.b), d.scaling) for key, d in like.items()}
         path = self.adapter_dir / "v0-base-zero"
-        await asyncio.to_thread(write_peft_adapter, zeros, path, self.model_path)
-        lora = LoRARequest(lora_name="openclaw-v0-base", lora_int_id=next(self._lora_ids), lora_path=str(path))
+        lora = await self._load_adapter(zeros, path, "openclaw-v0-base", "the base model's zero adapter")
+        self._base.lora, self._base.path = lora, path
+
+    async def _load_adapter(self, weights: LoraWeights, path: Path, name: str, what: str) -> Any:
+        """Write ``weights`` as a PEFT adapter at ``path`` and load it into vLLM; the dir is removed if vLLM
+        refuses it. Returns the ``LoRARequest`` that serves it."""
+        from vllm.lora.request import LoRARequest
+
+        engine = self._require_engine()
+        await asyncio.to_thread(write_peft_adapter, weights, path, self.model_path)
+        lora = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=str(path))
         try:
-            await self._require_engine().add_lora(lora)
+            await engine.add_lora(lora)
         except Exception as exc:
             shutil.rmtree(path, ignore_errors=True)
-            raise BackendError(f"vLLM rejected the base model's zero adapter: {exc}") from exc
-        self._base.lora, self._base.path = lora, path
+            raise BackendError(f"vLLM rejected {what}: {exc}") from exc
+        return lora
 
     def _acquire(self, version: int | None) -> _Served:
         if version is None:
