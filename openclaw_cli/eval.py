@@ -642,6 +642,11 @@ def eval_command(
                 store.close()
     except (EvalError, BackendError) as exc:
         raise _fail(str(exc)) from None
+    _show(report, plot, plotted, as_json=as_json)
+
+
+def _show(report: EvalReport | None, plot: Path | None, plotted: str | None, *, as_json: bool) -> None:
+    """Print the eval's result (a table, or JSON with every reply) and where the plot went."""
     if as_json:
         document: dict[str, Any] = {"eval": report.to_json() if report else None}
         if plot is not None:

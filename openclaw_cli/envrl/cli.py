@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -84,15 +84,7 @@ def train_command(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
 ) -> None:
     """Train the policy with RL on an environment (GRPO groups, PPO loss), then save it."""
-    from openclaw_cli.envrl.checkpoints import (
-        ResumeError,
-        check_run_name,
-        find_manifest,
-        manifest_mismatches,
-        read_manifest,
-    )
     from openclaw_cli.envrl.hooks import HookError, resolve_env, resolve_loss, resolve_reward
-    from openclaw_cli.settings import SettingsError, TrainEnvSettings, load_settings, parse_overrides
 
     flags = {
         "env": env,
@@ -106,10 +98,71 @@ def train_command(
         "std_normalize": std_normalize,
         "seed": seed,
     }
+    named = {"backend": backend, "model": model}
+    settings, manifest, run_name = _resolve_run(flags, named, env_arg or [], set_ or [], config, resume, save)
+    spec = settings.train_env
+    if not spec.env:
+        raise _fail("no environment: pass --env MODULE:FN (or set train_env.env)", EXIT_REFUSED)
     try:
-        overrides = parse_overrides(set_ or [])
+        env_hook = resolve_env(spec.env)
+        reward_hook = resolve_reward(spec.reward) if spec.reward else None
+        loss_hook = resolve_loss(spec.loss)
+    except HookError as exc:
+        raise _fail(str(exc), EXIT_REFUSED) from None
+
+    save_name = None if no_save else (save or run_name)
+    history, saved = _run_with_progress(
+        settings, env_hook, reward_hook, loss_hook, save_name, metrics, run_name=run_name, resume=manifest
+    )
+    _print_summary(history, saved, settings, run_name)
+
+
+def _print_summary(history: list[StepStats], saved: str | None, settings: Settings, run_name: str) -> None:
+    from rich.console import Console
+
+    console = Console()
+    if history:
+        first, last = history[0], history[-1]
+        console.print(
+            f"done: {len(history)} steps, mean reward {first.mean_reward:.3f} -> {last.mean_reward:.3f}, "
+            f"solved {first.solved_fraction:.0%} -> {last.solved_fraction:.0%}",
+            soft_wrap=True,
+        )
+    if saved:
+        console.print(f"saved trained state to {saved}", soft_wrap=True, highlight=False)
+    if _has_checkpoint(settings, run_name):
+        console.print(
+            f"checkpoints every {settings.train_env.checkpoint_every} steps; "
+            f"continue with `openclaw train --resume {run_name}`",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+def _resolve_run(
+    flags: dict[str, Any],
+    named: dict[str, str | None],
+    env_args: list[str],
+    set_pairs: list[str],
+    config: Path | None,
+    resume: str | None,
+    save: str | None,
+) -> tuple[Settings, RunManifest | None, str]:
+    """The run's settings (config < --set < named flags; a resumed run's own train_env under what was given now),
+    the manifest it resumes from, and its name; refuses (exit 2) what cannot run."""
+    from openclaw_cli.envrl.checkpoints import (
+        ResumeError,
+        check_run_name,
+        find_manifest,
+        manifest_mismatches,
+        read_manifest,
+    )
+    from openclaw_cli.settings import SettingsError, TrainEnvSettings, load_settings, parse_overrides
+
+    try:
+        overrides = parse_overrides(set_pairs)
         # Named flags are more specific than --set, so they win when both name the same key.
-        overrides.update({k: v for k, v in (("backend", backend), ("model", model)) if v is not None})
+        overrides.update({k: v for k, v in named.items() if v is not None})
         section = overrides.setdefault("train_env", {})
         if not isinstance(section, dict):
             raise SettingsError("--set train_env=... must name a key inside the section, e.g. train_env.steps=5")
@@ -126,45 +179,14 @@ def train_command(
             if mismatches:
                 raise ResumeError(f"run {manifest.run!r} step {manifest.step} was saved with " + ", ".join(mismatches))
         run_name = check_run_name(manifest.run if manifest else (save or time.strftime("envrl-%Y%m%d-%H%M%S")))
-        bad = [pair for pair in env_arg or [] if "=" not in pair or not pair.partition("=")[0].strip()]
+        bad = [pair for pair in env_args if "=" not in pair or not pair.partition("=")[0].strip()]
         if bad:
             raise SettingsError(f"--env-arg expects KEY=VALUE, got {bad[0]!r}")
-        if env_arg:  # after the configured ones, so a flag wins over the same key in the config file
-            settings.train_env.env_args = [*settings.train_env.env_args, *env_arg]
+        if env_args:  # after the configured ones, so a flag wins over the same key in the config file
+            settings.train_env.env_args = [*settings.train_env.env_args, *env_args]
     except (SettingsError, ValueError, ResumeError) as exc:
         raise _fail(str(exc), EXIT_REFUSED) from None
-    spec = settings.train_env
-    if not spec.env:
-        raise _fail("no environment: pass --env MODULE:FN (or set train_env.env)", EXIT_REFUSED)
-    try:
-        env_hook = resolve_env(spec.env)
-        reward_hook = resolve_reward(spec.reward) if spec.reward else None
-        loss_hook = resolve_loss(spec.loss)
-    except HookError as exc:
-        raise _fail(str(exc), EXIT_REFUSED) from None
-
-    save_name = None if no_save else (save or run_name)
-    history, saved = _run_with_progress(
-        settings, env_hook, reward_hook, loss_hook, save_name, metrics, run_name=run_name, resume=manifest
-    )
-    from rich.console import Console
-
-    console = Console()
-    if history:
-        first, last = history[0], history[-1]
-        console.print(
-            f"done: {len(history)} steps, mean reward {first.mean_reward:.3f} -> {last.mean_reward:.3f}, "
-            f"solved {first.solved_fraction:.0%} -> {last.solved_fraction:.0%}",
-            soft_wrap=True,
-        )
-    if saved:
-        console.print(f"saved trained state to {saved}", soft_wrap=True, highlight=False)
-    if _has_checkpoint(settings, run_name):
-        console.print(
-            f"checkpoints every {spec.checkpoint_every} steps; continue with `openclaw train --resume {run_name}`",
-            soft_wrap=True,
-            highlight=False,
-        )
+    return settings, manifest, run_name
 
 
 def _has_checkpoint(settings: Settings, run_name: str) -> bool:

@@ -31,7 +31,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy.anthropic_convert import (
     anthropic_tool_id,
     apply_tool_choice,
@@ -39,7 +38,7 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_tools,
 )
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_aborted
+from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
@@ -58,7 +57,7 @@ from openclaw_cli.proxy.constraints import (
     schema_error,
 )
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
-from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
+from openclaw_cli.proxy.errors import ProxyError, error_body, from_stream_failure
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
@@ -452,27 +451,21 @@ async def _sse(
             except StopAsyncIteration:
                 break
     except Exception as exc:
-        err = (
-            from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s)
-            if isinstance(exc, BackendError)
-            else from_unexpected(exc)
-        )
+        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
         failed = True
         log.error("stream %s failed mid-way: %s", req.message_id, err.message)
         yield event_frame("error", error_body(err, "anthropic"))
     finally:
-        if partial.abandoned() and not failed:  # the client left mid-reply
-            record_aborted(
+        if not failed:  # a choice the client left mid-reply is kept as a side turn
+            record_abandoned(
                 api="anthropic",
                 request=request,
                 recorder=state.recorder,
                 tokenizer=tokenizer,
-                body=req.body,
-                model=req.model,
-                prepared=prepared,
-                partial=partial,
-                started_at=req.started_at,
+                call=req,
                 request_id=req.message_id,
+                prepared=prepared,
+                partials=[partial],
             )
         await stream.close()
 

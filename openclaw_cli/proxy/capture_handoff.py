@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
@@ -221,6 +222,43 @@ class PartialReply:
 
     def abandoned(self) -> bool:
         return not self.finished and bool(self.tokens)
+
+
+class StreamedCall(Protocol):
+    """What every API's parsed request carries that capture needs."""
+
+    body: dict[str, Any]
+    model: ResolvedModel
+    started_at: float
+
+
+def record_abandoned(
+    *,
+    api: ApiKind,
+    request: Request,
+    recorder: CaptureRecorder,
+    tokenizer: Any,
+    call: StreamedCall,
+    request_id: str,
+    prepared: PreparedPrompt,
+    partials: Sequence[PartialReply],
+) -> None:
+    """A stream's cleanup: record each choice the client left mid-reply (see :func:`record_aborted`)."""
+    for index, partial in enumerate(partials):
+        if partial.abandoned():
+            record_aborted(
+                api=api,
+                request=request,
+                recorder=recorder,
+                tokenizer=tokenizer,
+                body=call.body,
+                model=call.model,
+                prepared=prepared,
+                partial=partial,
+                started_at=call.started_at,
+                request_id=request_id,
+                choice_index=index,
+            )
 
 
 def record_aborted(

@@ -144,3 +144,11 @@ def from_backend_exception(exc: BaseException, *, retry_after_s: int) -> ProxyEr
 
 def from_unexpected(exc: BaseException) -> ProxyError:
     return ProxyError(500, f"internal error: {type(exc).__name__}: {exc}", kind="internal")
+
+
+def from_stream_failure(exc: Exception, *, retry_after_s: int) -> ProxyError:
+    """What a stream that failed mid-way tells its client: a backend failure as :func:`from_backend_error` maps
+    it, anything else as an internal error."""
+    if isinstance(exc, BackendError):
+        return from_backend_error(exc, retry_after_s=retry_after_s)
+    return from_unexpected(exc)

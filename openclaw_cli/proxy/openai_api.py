@@ -32,9 +32,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backend import ChatTokenizer
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_aborted
+from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
@@ -52,7 +52,7 @@ from openclaw_cli.proxy.constraints import (
     schema_error,
 )
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
-from openclaw_cli.proxy.errors import ProxyError, error_body, from_backend_error, from_unexpected
+from openclaw_cli.proxy.errors import ProxyError, error_body, from_stream_failure
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, data_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
@@ -511,38 +511,17 @@ async def _start_stream(request: Request, state: ProxyState, req: ChatRequest, p
 
 
 class _ChoiceStream:
-    """Per-choice streaming state: the splitter and the log-prob entries not yet attached to a chunk."""
+    """Per-choice streaming state: the splitter, the log-prob entries not yet attached to a chunk, and what the
+    client has received so far (recorded as a side turn if it leaves mid-reply)."""
 
     def __init__(self, splitter: AssistantStreamSplitter) -> None:
         self.splitter = splitter
         self.logprobs: list[dict[str, Any]] = []
+        self.partial = PartialReply()
 
-
-async def _sse(
-    request: Request,
-    state: ProxyState,
-    req: ChatRequest,
-    prepared: PreparedPrompt,
-    stream: OpenStream,
-) -> AsyncIterator[bytes]:
-    tokenizer = state.backend.tokenizer()
-    parse = parser_for(tokenizer, prepared.tools_offered)
-    eos = set(tokenizer.eos_token_ids)
-    choices = [
-        _ChoiceStream(
-            AssistantStreamSplitter(
-                parse, tools_offered=prepared.tools_offered, starts_in_reasoning=prepared.starts_in_reasoning
-            )
-        )
-        for _ in range(req.n)
-    ]
-    results: dict[int, SampleResult] = {}
-    partials = [PartialReply() for _ in range(req.n)]
-    failed = False
-    version = stream.version
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        pending, choices[index].logprobs = choices[index].logprobs, []
+    def chunk(self, req: ChatRequest, version: int, index: int, delta: dict[str, Any], finish: str | None) -> bytes:
+        """One ``chat.completion.chunk`` frame; it carries the log-prob entries gathered since the last one."""
+        pending, self.logprobs = self.logprobs, []
         payload: dict[str, Any] = {
             "id": req.request_id,
             "object": "chat.completion.chunk",
@@ -562,6 +541,36 @@ async def _sse(
             payload["usage"] = None
         return data_frame(payload)
 
+
+def _choice_streams(tokenizer: ChatTokenizer, prepared: PreparedPrompt, n: int) -> list[_ChoiceStream]:
+    parse = parser_for(tokenizer, prepared.tools_offered)
+    return [
+        _ChoiceStream(
+            AssistantStreamSplitter(
+                parse, tools_offered=prepared.tools_offered, starts_in_reasoning=prepared.starts_in_reasoning
+            )
+        )
+        for _ in range(n)
+    ]
+
+
+async def _sse(
+    request: Request,
+    state: ProxyState,
+    req: ChatRequest,
+    prepared: PreparedPrompt,
+    stream: OpenStream,
+) -> AsyncIterator[bytes]:
+    tokenizer = state.backend.tokenizer()
+    eos = set(tokenizer.eos_token_ids)
+    choices = _choice_streams(tokenizer, prepared, req.n)
+    results: dict[int, SampleResult] = {}
+    failed = False
+    version = stream.version
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return choices[index].chunk(req, version, index, delta, finish)
+
     try:
         for i in range(req.n):
             yield chunk(i, {"role": "assistant", "content": ""})
@@ -573,7 +582,7 @@ async def _sse(
                 index, event = item
                 version = event.version
                 if isinstance(event, TokenChunk):
-                    partials[index].add(event)
+                    choices[index].partial.add(event)
                     if req.logprobs and event.token_id not in eos:
                         choices[index].logprobs.append(
                             logprob_entry(
@@ -584,7 +593,7 @@ async def _sse(
                         yield chunk(index, _delta(piece))
                 else:
                     results[index] = event
-                    partials[index].finished = True
+                    choices[index].partial.finished = True
                     for piece in choices[index].splitter.finish():
                         yield chunk(index, _delta(piece))
                     received = choices[index].splitter.result()
@@ -600,30 +609,22 @@ async def _sse(
             yield data_frame({**_usage_chunk_base(req, version), "usage": counts})
         yield DONE_FRAME
     except Exception as exc:
-        err = (
-            from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s)
-            if isinstance(exc, BackendError)
-            else from_unexpected(exc)
-        )
+        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
         failed = True
         log.error("stream %s failed mid-way: %s", req.request_id, err.message)
         yield data_frame(error_body(err, "openai"))
     finally:
-        for index, partial in enumerate(partials):
-            if partial.abandoned() and not failed:  # the client left mid-reply
-                record_aborted(
-                    api="openai",
-                    request=request,
-                    recorder=state.recorder,
-                    tokenizer=tokenizer,
-                    body=req.body,
-                    model=req.model,
-                    prepared=prepared,
-                    partial=partial,
-                    started_at=req.started_at,
-                    request_id=req.request_id,
-                    choice_index=index,
-                )
+        if not failed:  # a choice the client left mid-reply is kept as a side turn
+            record_abandoned(
+                api="openai",
+                request=request,
+                recorder=state.recorder,
+                tokenizer=tokenizer,
+                call=req,
+                request_id=req.request_id,
+                prepared=prepared,
+                partials=[choice.partial for choice in choices],
+            )
         await stream.close()
 
 

@@ -35,13 +35,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_aborted
+from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
 from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, parser_for, prepare_prompt
 from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
-from openclaw_cli.proxy.errors import ProxyError, from_backend_error, from_unexpected
+from openclaw_cli.proxy.errors import ProxyError, from_stream_failure
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.openai_api import parse_constraints, parse_tools
 from openclaw_cli.proxy.response_store import KEEP_RESPONSES
@@ -569,27 +568,21 @@ async def _sse(
             except StopAsyncIteration:
                 break
     except Exception as exc:
-        err = (
-            from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s)
-            if isinstance(exc, BackendError)
-            else from_unexpected(exc)
-        )
+        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
         failed = True
         log.error("stream %s failed mid-way: %s", req.response_id, err.message)
         yield events.frame("response.failed", response=failed_body(req, err))
     finally:
-        if partial.abandoned() and not failed:  # the client left mid-reply
-            record_aborted(
+        if not failed:  # a choice the client left mid-reply is kept as a side turn
+            record_abandoned(
                 api="responses",
                 request=request,
                 recorder=state.recorder,
                 tokenizer=tokenizer,
-                body=req.body,
-                model=req.model,
-                prepared=prepared,
-                partial=partial,
-                started_at=req.started_at,
+                call=req,
                 request_id=req.response_id,
+                prepared=prepared,
+                partials=[partial],
             )
         await stream.close()
 
