@@ -16,7 +16,9 @@ The learning claim is measured on :data:`HELD_OUT` questions, never asked in tra
 training plain and *told* (the user's instruction :data:`INSTRUCTION` added to the question), and after training plain.
 Pass: after-training plain replies at least 40% shorter than before and at most 1.2x the told model's length;
 keyword-hit rate at least the told model's minus 0.10; distinct-word ratio at least 0.5. ``--judge scripted`` swaps
-the judge for a rule that reads the users' reactions (the control: does training learn when the reward is right?);
+the judge for a rule that reads the users' reactions (the control: does training learn when the signal is right? For
+``opd`` it also sets ``judge.next_state_hints = "unhappy"``, so exactly the corrected turns get the user's words as
+the hint);
 ``--control`` runs it beside the first seed. ``--plot-dir`` writes each run's reward-over-steps PNG
 (the plot ``openclaw eval --plot`` draws).
 """
@@ -290,6 +292,10 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
     with tempfile.TemporaryDirectory(prefix="openclaw-learning-bench-") as tmp:
         work = Path(tmp)
         settings = build_settings(args, work, seed)
+        if judge_kind == "scripted" and not any(pair.startswith("judge.next_state_hints=") for pair in args.set or []):
+            # The control's point is a right signal: with opd that means hints exactly on the turns the user
+            # corrected (the scripted judge scores those -1), not on every reply as the default does.
+            settings.judge.next_state_hints = "unhappy"
         backend = LocalBackend(settings)
         await backend.start()
         store = Store(settings.store.path)

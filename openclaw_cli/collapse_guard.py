@@ -21,6 +21,7 @@ needs a backend with version control (local, Tinker, Fireworks); elsewhere it is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ PROBE_PROMPTS = (
     "What do bees make?",
 )
 PROBE_SYSTEM = "You are a helpful assistant."
-PROBE_MAX_TOKENS = 32
+PROBE_MAX_TOKENS = 64  # a reply that starts well and then loops shows it only after 30-odd tokens
 PROBE_SEED = 1234
 MIN_WORDS = 2
 _DISTINCT_MIN_WORDS = 8  # shorter replies are too short for a distinct-word ratio to mean anything
@@ -102,26 +103,31 @@ class CollapseGuard:
         return result
 
     async def _probe(self, version: int) -> GuardResult:
+        # The probes go out together: a batching sampler decodes them in one pass per token.
+        probed = await asyncio.gather(*(self._probe_one(question, version) for question in PROBE_PROMPTS))
+        replies = [text for text, _ in probed]
+        log_ratios = [ratio for _, ratios in probed for ratio in ratios]
+        kl = sum(log_ratios) / len(log_ratios) if log_ratios else None
+        return GuardResult(ok=True, reason="ok", kl=kl, distinct=[distinct_ratio(r) for r in replies], replies=replies)
+
+    async def _probe_one(self, question: str, version: int) -> tuple[str, list[float]]:
+        """One probe reply of ``version`` and its per-token ``log pi_new - log pi_base``."""
         tokenizer = self.backend.tokenizer()
         # Sampled at temperature 1 with a fixed seed, not greedy: a policy whose distribution flattened can still
         # answer well greedily while every sampled reply is noise (seen: SmolLM2 at lr 5e-4), and the KL estimate
         # E_new[log new - log base] needs samples from the new policy.
         params = SamplingParams(max_tokens=PROBE_MAX_TOKENS, temperature=1.0, seed=PROBE_SEED)
-        replies, distinct, log_ratios = [], [], []
-        for question in PROBE_PROMPTS:
-            messages = [{"role": "system", "content": PROBE_SYSTEM}, {"role": "user", "content": question}]
-            prompt = tokenizer.render(messages, add_generation_prompt=True)  # type: ignore[arg-type]
-            sample = await self.backend.sample(prompt, params, version=version)
-            text = tokenizer.decode(sample.tokens).strip()
-            replies.append(text)
-            distinct.append(distinct_ratio(text))
-            if sample.tokens and len(sample.logprobs) == len(sample.tokens):
-                base = await self.backend.compute_logprobs(prompt + list(sample.tokens), base=True)
-                for new_lp, base_lp in zip(sample.logprobs, base[len(prompt) :], strict=True):
-                    if base_lp is not None:
-                        log_ratios.append(float(new_lp) - float(base_lp))
-        kl = sum(log_ratios) / len(log_ratios) if log_ratios else None
-        return GuardResult(ok=True, reason="ok", kl=kl, distinct=distinct, replies=replies)
+        messages = [{"role": "system", "content": PROBE_SYSTEM}, {"role": "user", "content": question}]
+        prompt = tokenizer.render(messages, add_generation_prompt=True)  # type: ignore[arg-type]
+        sample = await self.backend.sample(prompt, params, version=version)
+        text = tokenizer.decode(sample.tokens).strip()
+        ratios: list[float] = []
+        if sample.tokens and len(sample.logprobs) == len(sample.tokens):
+            base = await self.backend.compute_logprobs(prompt + list(sample.tokens), base=True)
+            for new_lp, base_lp in zip(sample.logprobs, base[len(prompt) :], strict=True):
+                if base_lp is not None:
+                    ratios.append(float(new_lp) - float(base_lp))
+        return text, ratios
 
     def status(self) -> dict[str, Any]:
         return {"enabled": True, "held": self.held, "last": self.last.to_json() if self.last else None}

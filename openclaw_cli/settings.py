@@ -91,6 +91,12 @@ class TrainSettings(_Section):
         "10 minutes, 5e-4 flattened the policy into noise.",
     )
     batch_size: int = Field(4, ge=1, le=4096, description="Judged samples per optimizer step.")
+    loss_norm: Literal["token", "sample"] = Field(
+        "token",
+        description="How a step averages the per-token loss: token = over all trained tokens of the batch; sample = "
+        "per-sample token mean, then the mean over samples (weighs each token of a long reply less, so the "
+        "objections to an over-long reply are diluted by its length).",
+    )
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)

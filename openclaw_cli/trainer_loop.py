@@ -51,6 +51,7 @@ import json
 import logging
 import re
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -342,7 +343,9 @@ class TrainerLoop:
         train = self.settings.train
         method = self.settings.method
         current_version = self.backend.current_version().version
+        started = time.monotonic()
         samples, rewards, unusable = await self._samples(batch)
+        scored = time.monotonic()
         stale = [s.turn_id for s in samples if current_version - s.version > train.max_staleness]
         # The baseline for this batch is the running mean *before* it (a batch never centres on itself); it is
         # folded in only once the step has happened, so a retried step sees the same baseline.
@@ -365,6 +368,7 @@ class TrainerLoop:
             self._weights_ahead = False  # it failed: no update (what retrying the step relies on, too)
             raise
         self._baseline.update([r for r in rewards if r != 0])
+        trained_at = time.monotonic()
         # The update is in the trainer from here on: the turns count as trained even if publishing fails.
         step = self.step + 1
         try:
@@ -393,6 +397,13 @@ class TrainerLoop:
             "method": method,
             "backend_step": optim.step,
             "trained_turn_ids": list(trained_ids),
+            # Where a step's time goes (teacher/base scoring, the update, publishing with the collapse guard), so
+            # a slow loop can be told apart from a starved one.
+            "seconds": {
+                "score": round(scored - started, 2),
+                "train": round(trained_at - scored, 2),
+                "publish": round(time.monotonic() - trained_at, 2),
+            },
         }
         if publish_error is not None:
             metrics["publish_error"] = publish_error

@@ -83,8 +83,8 @@ def _sample(turn_id: int, reward: float | None, version: int = 0, n: int = 2, te
     )
 
 
-def test_build_datums_token_mean_scaling_and_filters() -> None:
-    train = TrainSettings(max_staleness=2)
+def test_build_datums_per_sample_mean_scaling_and_filters() -> None:
+    train = TrainSettings(max_staleness=2, loss_norm="sample")
     samples = [
         _sample(1, 1, n=2),
         _sample(2, -1, n=4),
@@ -100,6 +100,18 @@ def test_build_datums_token_mean_scaling_and_filters() -> None:
     # staleness: version 0 is 3 versions behind 3 -> dropped
     _, ids = build_datums(samples, "rl", train, current_version=3)
     assert ids == []
+
+
+def test_build_datums_token_level_mean_weighs_every_token_the_same() -> None:
+    train = TrainSettings(max_staleness=2)
+    assert train.loss_norm == "token"
+    samples = [_sample(1, 1, n=2), _sample(2, -1, n=4), _sample(3, 0), _sample(4, 1, version=0)]
+    datums, ids = build_datums(samples, "rl", train, current_version=2)
+    assert ids == [1, 2, 4]
+    # 2 + 4 + 2 = 8 trained tokens: every advantage / 8, however long its reply
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.0, 1 / 8, 1 / 8])
+    assert datums[1].loss_fn_inputs["advantages"] == pytest.approx([0.0] + [-1 / 8] * 4)
+    assert datums[2].loss_fn_inputs["advantages"] == pytest.approx([0.0, 1 / 8, 1 / 8])
 
 
 def test_build_datums_opd_needs_a_hint() -> None:

@@ -96,8 +96,10 @@ def build_datums(
     - A batch in which every advantage is 0 gives no datums: a step without signal publishes nothing.
     - KL anchor (``train.kl_coef``): a sample with signal and ``base_logprobs`` gets
       ``-kl_coef * (log pi_old - log pi_base)`` added to each token's advantage (:func:`kl_anchored`).
-    - Loss normalisation: backends sum over tokens, so each sample's advantages are divided by its length and by
-      the number of samples: the step optimises the mean over samples of the per-sample token mean.
+    - Loss normalisation (``train.loss_norm``): backends sum over tokens, so the advantages are scaled here.
+      ``token``: divided by the batch's total trained tokens (every token weighs the same, so a long reply's
+      objections are not diluted by its length); ``sample``: divided by the sample's length and the number of
+      samples (the mean over samples of the per-sample token mean, which weighs each token of a long reply less).
     """
     kept: list[tuple[TrainSample, list[float]]] = []
     zero_score: dict[str, TrainSample] = {}  # first score-0 turn with a next state, per session
@@ -124,8 +126,9 @@ def build_datums(
         # step would change nothing but Adam's moments, and publishing it would call an unchanged policy new.
         return [], []
     datums = []
+    total_tokens = sum(len(advantages) for _, advantages in kept)
     for sample, advantages in kept:
-        scale = 1.0 / (len(advantages) * len(kept))
+        scale = 1.0 / total_tokens if train.loss_norm == "token" else 1.0 / (len(advantages) * len(kept))
         datums.append(
             datum_from_completion(
                 sample.prompt_tokens,
