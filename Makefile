@@ -29,6 +29,7 @@ launch: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: venv lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -66,4 +67,4 @@ bench:
 	$(PY) bench/local_step.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) site .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) site .pytest_cache .ruff_cache .mypy_cache

@@ -175,6 +175,13 @@ def build_settings(args: argparse.Namespace, work: Path, seed: int) -> Any:
     )
 
 
+def _seconds(seconds: Any) -> str:
+    """Where the step's time went, as the trainer recorded it."""
+    if not isinstance(seconds, dict):
+        return "n/a"
+    return "/".join(f"{seconds.get(key, 0):.1f}" for key in ("score", "train", "publish"))
+
+
 def _fmt(value: Any, pattern: str) -> str:
     return "   n/a" if value is None else pattern.format(value)
 
@@ -184,7 +191,10 @@ async def report_steps(store: Any, observed: Observed, started: float, stop: asy
     rows: list[tuple] = []
     printed = 0
     last_time = started
-    print(f"{'step':>5}{'version':>8}{'t (s)':>8}{'reward':>9}{'good %':>9}{'replies':>9}{'loss':>10}")
+    print(
+        f"{'step':>5}{'version':>8}{'t (s)':>8}{'reward':>9}{'good %':>9}{'replies':>9}{'loss':>10}{'samples':>9}"
+        f"  {'s score/train/publish':>22}"
+    )
     while True:
         steps = await asyncio.to_thread(store.steps)
         for step, version, created_at, metrics in steps[printed:]:
@@ -193,7 +203,8 @@ async def report_steps(store: Any, observed: Observed, started: float, stop: asy
             print(
                 f"{step:>5}{version if version is not None else '-':>8}{created_at - started:>8.0f}"
                 f"{_fmt(reward, '{:>+9.2f}')}{_fmt(None if share is None else 100 * share, '{:>9.0f}')}{n:>9}"
-                f"{_fmt(metrics.get('loss'), '{:>10.4f}')}"
+                f"{_fmt(metrics.get('loss'), '{:>10.4f}')}{metrics.get('n_samples', 0):>9}"
+                f"  {_seconds(metrics.get('seconds')):>22}"
             )
             rows.append((step, reward, share, n))
             last_time = created_at
@@ -283,7 +294,7 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
     from openclaw_cli.judge import JudgeLoop, make_judge_client
     from openclaw_cli.promotion import make_publisher
     from openclaw_cli.proxy import create_app
-    from openclaw_cli.sessions import SessionCapture
+    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
     from openclaw_cli.trainer_loop import TrainerLoop
 

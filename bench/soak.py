@@ -2,7 +2,7 @@
 
     python bench/soak.py [--backend fake|tiny] [--clients 8] [--duration 60] [--turns 4] [--gate]
 
-A child process runs the whole runtime (``openclaw launch``'s :func:`~openclaw_cli.runtime.launch`: proxy + capture
+A child process runs the whole runtime (``openclaw launch``'s :func:`~openclaw_cli.launch.launch`: proxy + capture
 into a fresh SQLite store + idle expiry + judge loop + trainer loop) on 127.0.0.1 with a scripted, instant judge, and
 one of two backends:
 
@@ -131,7 +131,7 @@ def child_settings(args: argparse.Namespace, work: Path) -> Any:
 async def run_child(args: argparse.Namespace) -> None:
     import logging
 
-    from openclaw_cli.runtime import launch
+    from openclaw_cli.launch import launch
 
     # Quiet by default (the summary is the output); --verbose shows the loops' progress and the gate's decisions.
     logging.basicConfig(

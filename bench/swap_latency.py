@@ -131,7 +131,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
     from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.proxy import create_app
-    from openclaw_cli.sessions import SessionCapture
+    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
     from openclaw_cli.types import AdamParams
 

@@ -24,7 +24,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from openclaw_cli.envrl import RolloutContext, Trajectory, call_arguments, function_tool, run_tool_loop
+from openclaw_cli.env_training import RolloutContext, Trajectory, call_arguments, function_tool, run_tool_loop
 from openclaw_cli.types import ToolCall
 
 FORMAT_REWARD = 0.2

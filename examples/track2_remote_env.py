@@ -3,7 +3,7 @@
     openclaw train --env examples/track2_remote_env.py --steps 10 --max-tokens 256                 # bundled server
     openclaw train --env examples/track2_remote_env.py --env-arg url=http://127.0.0.1:8765          # your server
 
-The rollout side is :class:`openclaw_cli.envrl.remote.RemoteEnv`: reset an episode on the server, let the policy
+The rollout side is :class:`openclaw_cli.env_training.remote.RemoteEnv`: reset an episode on the server, let the policy
 reply (tool calls included) and send each reply to ``/step`` until the server says done or ``max_turns`` replies
 went by (``--env-arg max_turns=N``, default 8), then ask ``/reward``. The protocol is four JSON POST routes,
 documented in that module, so the server can be anything: a container farm running repositories and test suites, a
@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from openclaw_cli.envrl import RolloutContext, Trajectory
-from openclaw_cli.envrl.remote import RemoteEnv
+from openclaw_cli.env_training import RolloutContext, Trajectory
+from openclaw_cli.env_training.remote import RemoteEnv
 
 SERVER_FILE = Path(__file__).with_name("track2_remote_env_server.py")
 

@@ -3,7 +3,7 @@
     python examples/track2_remote_env_server.py --port 8765      # then, in another shell:
     openclaw train --env examples/track2_remote_env.py --env-arg url=http://127.0.0.1:8765
 
-It speaks the JSON protocol of :mod:`openclaw_cli.envrl.remote` (``/reset``, ``/step``, ``/reward``, ``/close``)
+It speaks the JSON protocol of :mod:`openclaw_cli.env_training.remote` (``/reset``, ``/step``, ``/reward``, ``/close``)
 with only the standard library, to show how little an environment needs: each episode holds an in-memory workspace
 with ``settings.ini``; the task (chosen from the reset seed) is to change one setting. The agent has the tools
 ``read_file`` and ``write_file``; a reply without tool calls ends the episode. The reward is 1.0 when the file

@@ -4,8 +4,8 @@
 
 Each episode gets a fresh temporary directory holding ``data.txt`` (a few numbers, one per line) and a task such as
 "write the largest number in data.txt into answer.txt". The agent has one tool, ``shell``, which runs a command
-line in that directory through :class:`openclaw_cli.envrl.sandbox.ShellSandbox`: an allowlist of plain text tools,
-pipes and ``>``/``>>``/``<`` redirects, every path confined to the directory, a timeout per command, no network
+line in that directory through :class:`openclaw_cli.env_training.sandbox.ShellSandbox`: an allowlist of plain text
+tools, pipes and ``>``/``>>``/``<`` redirects, every path confined to the directory, a timeout per command, no network
 tool, no shell. Read that module's docstring for what the sandbox does NOT protect against: it is a guard rail,
 not a security boundary; run a model you do not trust in a container or VM.
 
@@ -23,8 +23,8 @@ import asyncio
 import random
 from dataclasses import dataclass
 
-from openclaw_cli.envrl import RolloutContext, Trajectory, call_arguments, function_tool, run_tool_loop
-from openclaw_cli.envrl.sandbox import DEFAULT_ALLOWED_COMMANDS, ShellSandbox
+from openclaw_cli.env_training import RolloutContext, Trajectory, call_arguments, function_tool, run_tool_loop
+from openclaw_cli.env_training.sandbox import DEFAULT_ALLOWED_COMMANDS, ShellSandbox
 from openclaw_cli.types import ToolCall
 
 PARTIAL_REWARD = 0.1

@@ -58,8 +58,11 @@ class NotYetAvailable(BackendError):
 class ChatTokenizer(Protocol):
     """Chat-template rendering and completion parsing for one model family, shared by all backends."""
 
-    eos_token_ids: Sequence[int]
-    context_length: int
+    @property
+    def eos_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def context_length(self) -> int: ...
 
     def render(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, add_generation_prompt: bool = True
@@ -69,7 +72,10 @@ class ChatTokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def parse_assistant(self, text: str) -> ParsedAssistant: ...
+    def parse_assistant(self, text: str) -> ParsedAssistant:
+        """The assistant's text split into content, reasoning and tool calls. A tokenizer may also take a keyword
+        ``tools_offered`` (False: leave tool-call-looking text as content); the proxy passes it when it does."""
+        ...
 
 
 @runtime_checkable

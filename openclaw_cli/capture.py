@@ -8,7 +8,6 @@ backend sampled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -17,17 +16,11 @@ from openclaw_cli.types import Message
 ApiKind = Literal["openai", "anthropic", "responses"]
 TurnType = Literal["main", "side"]
 
-# Header names are compared lower-cased. These never reach the store (secrets).
-SECRET_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "api-key"})
-# ...and neither does any header whose name contains one of these (x-auth-token, x-goog-api-key, set-cookie,
-# x-client-secret, private-token, ...). Session and turn headers (x-session-id, x-turn-type) contain none of them.
-SECRET_HEADER_PARTS = ("auth", "key", "token", "secret", "cookie", "password", "passwd", "credential", "signature")
-
 
 @dataclass
 class CapturedExchange:
     api: ApiKind
-    headers: dict[str, str]  # lower-cased names, SECRET_HEADERS already removed
+    headers: dict[str, str]  # lower-cased names, secrets already removed (openclaw_cli.secrets_scrub)
     request: dict[str, Any]  # the JSON body as the client sent it
     messages: list[Message]  # the conversation in OpenAI chat format (system first if any), tools excluded
     tools: list[dict[str, Any]] | None  # OpenAI-format tool definitions offered to the model
@@ -59,19 +52,3 @@ class RecordedTurn:
 class CaptureSink(Protocol):
     async def record(self, exchange: CapturedExchange) -> RecordedTurn:
         """Persist atomically; after it returns the exchange survives a crash."""
-
-
-def is_secret_header(name: str) -> bool:
-    lowered = name.lower()
-    return lowered in SECRET_HEADERS or any(part in lowered for part in SECRET_HEADER_PARTS)
-
-
-def scrub_headers(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """An ASGI scope's raw header pairs as ``{lower-case name: value}`` without credentials, so nothing secret is
-    ever stored. The first value of a repeated name is kept."""
-    scrubbed: dict[str, str] = {}
-    for raw_name, raw_value in headers:
-        name = raw_name.decode("latin-1").lower()
-        if name not in scrubbed and not is_secret_header(name):
-            scrubbed[name] = raw_value.decode("latin-1")
-    return scrubbed

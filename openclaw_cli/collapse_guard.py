@@ -118,7 +118,7 @@ class CollapseGuard:
         # E_new[log new - log base] needs samples from the new policy.
         params = SamplingParams(max_tokens=PROBE_MAX_TOKENS, temperature=1.0, seed=PROBE_SEED)
         messages = [{"role": "system", "content": PROBE_SYSTEM}, {"role": "user", "content": question}]
-        prompt = tokenizer.render(messages, add_generation_prompt=True)  # type: ignore[arg-type]
+        prompt = tokenizer.render(messages, add_generation_prompt=True)
         sample = await self.backend.sample(prompt, params, version=version)
         text = tokenizer.decode(sample.tokens).strip()
         ratios: list[float] = []

@@ -44,7 +44,7 @@ STAND_IN_PROSE = (
     "cause and try again rather than repeating the same call. Use `git status` and `git diff` to review your work "
     "and run the project's tests (for example `pytest -q` or `npm test`) before you say a task is done. "
 )
-ROUND_TRIP_TOOL = {
+ROUND_TRIP_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "read_file",

@@ -208,8 +208,8 @@ class TrainerLoop:
         none loads (refusing is safer than silently dropping the record of every step since the base)."""
         recorded = await asyncio.to_thread(self.store.checkpoints)
         candidates: dict[int, str] = {step: path for step, path in recorded}
-        for step, path in list_checkpoints(self.state_dir):
-            candidates.setdefault(step, str(path))
+        for step, directory in list_checkpoints(self.state_dir):
+            candidates.setdefault(step, str(directory))
         errors: list[str] = []
         for step, path in sorted(candidates.items(), reverse=True):
             local = Path(path).expanduser()

@@ -16,6 +16,7 @@ Use :func:`datum_from_completion` to build one without off-by-one mistakes.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,7 +98,7 @@ StreamEvent = TokenChunk | SampleResult
 @dataclass
 class Datum:
     model_input: list[int]
-    loss_fn_inputs: dict[str, list[float]]
+    loss_fn_inputs: Mapping[str, Sequence[float]]  # target_tokens holds ints
 
     def __post_init__(self) -> None:
         n = len(self.model_input)
@@ -133,7 +134,7 @@ def datum_from_completion(
             raise ValueError(f"{key} has {len(values)} entries, completion has {n_comp} tokens")
         return pad + [float(v) for v in values]
 
-    inputs: dict[str, list[float]] = {
+    inputs: dict[str, Sequence[float]] = {
         "target_tokens": [0] * (n_prompt - 1) + list(completion_tokens),
         "weights": per_token(weights, 1.0, "weights"),
     }

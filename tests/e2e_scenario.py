@@ -27,7 +27,7 @@ import httpx
 import openai
 
 from openclaw_cli.backend import Backend
-from openclaw_cli.runtime import Runtime, launch
+from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.settings import JudgeSettings, LocalSettings, LoraSettings, Settings, StoreSettings, TrainSettings
 
 STEPS = 8

@@ -37,7 +37,7 @@ import pytest
 
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.anthropic_convert import to_openai_messages
-from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
 from openclaw_cli.testing.fake_backend import FakeBackend, ScriptedReply

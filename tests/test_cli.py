@@ -453,9 +453,9 @@ def test_unexpected_errors_are_one_line_unless_debug(fake_proxy, monkeypatch):
 @pytest.fixture
 def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, bool]]:
     calls: list[tuple[Any, bool]] = []
-    module = types.ModuleType("openclaw_cli.runtime")
+    module = types.ModuleType("openclaw_cli.launch")
     module.run_launch = lambda settings, *, ui: calls.append((settings, ui))  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "openclaw_cli.runtime", module)
+    monkeypatch.setitem(sys.modules, "openclaw_cli.launch", module)
     return calls
 
 

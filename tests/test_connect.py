@@ -32,7 +32,7 @@ from openclaw_cli.connect import (
 )
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.models import ModelCatalog
-from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from openclaw_cli.judge import JudgeLoop, OpenAIJudgeClient
-from openclaw_cli.runtime import Runtime, launch
+from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.judge_server import FakeJudgeServer

@@ -17,7 +17,7 @@ from openclaw_cli.backend import BackendError, NotYetAvailable
 from openclaw_cli.backends.fireworks import FireworksBackend
 from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend, default_deployment_id, sft_row, split_datum
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fireworks_double import BASE_MODEL, FireworksDouble, double_settings

@@ -14,7 +14,7 @@ import pytest
 
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.promotion import GateConfigError, PromotionGate, held_out_items
-from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend
@@ -231,7 +231,7 @@ def free_port() -> int:
 async def test_launch_wires_the_gate_into_training_and_status(tiny_tokenizer: Any, tmp_path: Path) -> None:
     import httpx
 
-    from openclaw_cli.runtime import Runtime, launch
+    from openclaw_cli.launch import Runtime, launch
     from openclaw_cli.settings import StoreSettings
 
     settings = Settings(

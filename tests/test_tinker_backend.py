@@ -22,7 +22,7 @@ from openclaw_cli.backends.tinker_shaped import TinkerShapedSdk
 from openclaw_cli.backends.tinker_wire import sdk_datum
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.proxy.errors import from_backend_error
-from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.tinker_double import TinkerDouble, status_error, timeout_error

@@ -22,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from openclaw_cli.cli import app
-from openclaw_cli.envrl import EnvTrainer, RolloutContext, resolve_env
-from openclaw_cli.envrl.rollout import BackendPolicy
+from openclaw_cli.env_training import EnvTrainer, RolloutContext, resolve_env
+from openclaw_cli.env_training.rollout import BackendPolicy
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, TrainEnvSettings, TrainSettings
 from openclaw_cli.testing.fake_backend import FakeBackend
 

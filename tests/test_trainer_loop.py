@@ -13,7 +13,7 @@ import pytest
 
 from openclaw_cli.algorithms import teacher_messages
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.sessions import SessionCapture
+from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, ResumeError, TrainerLoop, list_checkpoints

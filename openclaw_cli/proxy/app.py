@@ -25,7 +25,14 @@ from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
 from openclaw_cli.proxy.completion import output_cap, template_drops_tools
 from openclaw_cli.proxy.control import read_section, version_control_routes, version_status
-from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response, from_backend_error, from_unexpected
+from openclaw_cli.proxy.errors import (
+    ErrorKind,
+    ProxyError,
+    api_for_path,
+    error_response,
+    from_backend_error,
+    from_unexpected,
+)
 from openclaw_cli.proxy.limits import InFlightLimitMiddleware
 from openclaw_cli.proxy.models import ModelCatalog
 from openclaw_cli.proxy.state import ProxyState, proxy_state
@@ -126,7 +133,7 @@ def _error_handlers() -> dict[Any, Any]:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        kind = "not_found" if exc.status_code == 404 else "invalid_request"
+        kind: ErrorKind = "not_found" if exc.status_code == 404 else "invalid_request"
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return error_response(ProxyError(exc.status_code, message, kind=kind), api_for_path(request.url.path))
 

@@ -5,7 +5,7 @@ answer a fixed ``{"status": "ok"}`` and reveal nothing else: no model, version, 
 (both chat APIs, count_tokens, model listing, status, session control, unknown paths) needs the key once one is set.
 
 **Bind rule** (:func:`check_bind`): listening anywhere but loopback without a key is refused, by ``openclaw serve``,
-``openclaw launch``, :func:`openclaw_cli.runtime.launch`, :func:`openclaw_cli.proxy.run_server` and
+``openclaw launch``, :func:`openclaw_cli.launch.launch`, :func:`openclaw_cli.proxy.run_server` and
 :func:`openclaw_cli.proxy.create_app` alike.
 
 Clients send the key the way their SDK does: OpenAI's and Claude Code's ``ANTHROPIC_AUTH_TOKEN`` as

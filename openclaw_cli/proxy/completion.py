@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from openclaw_cli.backend import Backend, BackendError, ChatTokenizer
 from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, ProxyError, from_backend_exception
@@ -50,6 +50,8 @@ class PreparedPrompt:
 # Below this much message text a render takes ~0.2 ms: less than handing it to a worker thread and back costs (and
 # that hop also contends for the GIL under load), so it runs inline.
 _INLINE_RENDER_MAX_CHARS = 4096
+# What a backend raises when it cannot sample: mapped to the caller's 5xx (or the 4xx the backend names).
+SAMPLING_ERRORS: tuple[type[BaseException], ...] = (BackendError, *UNAVAILABLE_ERRORS)
 
 
 def _small_enough_to_render_inline(messages: list[Message], tools: list[dict[str, Any]] | None) -> bool:
@@ -264,7 +266,7 @@ async def sample_with_params(
     try:
         # One reply (nearly every request) is awaited in place: gather would wrap it in a task of its own.
         results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))
-    except (BackendError, *UNAVAILABLE_ERRORS) as exc:
+    except SAMPLING_ERRORS as exc:
         if health is not None:
             health.failed(exc)
         raise from_backend_exception(exc, retry_after_s=retry_after_s) from None
@@ -278,7 +280,7 @@ def open_streams(backend: Backend, prepared: PreparedPrompt, n: int) -> list[Asy
 
 
 @lru_cache(maxsize=64)
-def _accepts_tools_offered(tokenizer_type: type) -> bool:
+def _accepts_tools_offered(tokenizer_type: type[Any]) -> bool:
     try:
         return "tools_offered" in inspect.signature(tokenizer_type.parse_assistant).parameters
     except (AttributeError, TypeError, ValueError):
@@ -288,7 +290,7 @@ def _accepts_tools_offered(tokenizer_type: type) -> bool:
 def parser_for(tokenizer: ChatTokenizer, tools_offered: bool) -> Any:
     """``text -> ParsedAssistant``: the tokenizer's own parser, told whether tools were offered when it can be."""
     if _accepts_tools_offered(type(tokenizer)):
-        return partial(tokenizer.parse_assistant, tools_offered=tools_offered)
+        return partial(cast(Any, tokenizer).parse_assistant, tools_offered=tools_offered)
     return tokenizer.parse_assistant
 
 

@@ -487,7 +487,7 @@ class _Events:
         self.open_text += piece.text
         ids = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
         delta_kind = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra: dict[str, list[Any]] = {} if kind == "reasoning" else {"logprobs": []}
         frames.append(self.frame(delta_kind, **ids, delta=piece.text, **extra))
         return frames
 

@@ -41,7 +41,7 @@ async def serve(settings: Settings) -> None:
     """Start the backend and store, serve until interrupted, then close everything in reverse order."""
     check_bind(settings)
     try:  # the store ships alongside the proxy; import late so the proxy package imports without it
-        from openclaw_cli.sessions import SessionCapture
+        from openclaw_cli.session_capture import SessionCapture
         from openclaw_cli.store import Store
     except ImportError as exc:
         raise ProxyConfigError(f"the capture store is not available ({exc}); cannot serve") from exc

@@ -7,20 +7,20 @@ prefill longer than that starts the stream anyway, with keep-alives until tokens
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy.completion import PreparedPrompt, open_streams
 from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, from_backend_exception
-from openclaw_cli.proxy.pump import merged_events
+from openclaw_cli.proxy.event_merge import merged_events
 from openclaw_cli.proxy.state import InFlightLease, ProxyState
 
 
 @dataclass
 class OpenStream:
-    events: AsyncIterator[tuple[int, Any] | None]  # see pump.merged_events
+    events: AsyncGenerator[tuple[int, Any] | None, None]  # see event_merge.merged_events
     first: tuple[int, Any] | None  # the first item, already taken from ``events``
     lease: InFlightLease
     version: int  # policy version of the first event (or the current one while nothing has arrived)
@@ -28,7 +28,7 @@ class OpenStream:
     async def close(self) -> None:
         """Idempotent: stops the backend stream(s) and releases the in-flight count."""
         try:
-            await self.events.aclose()  # type: ignore[attr-defined]
+            await self.events.aclose()
         finally:
             self.lease.release()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal, overload
 
 from starlette.requests import Request
 
@@ -120,6 +120,18 @@ def get_field(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], *
         wanted = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
         raise ProxyError(400, f"'{name}' must be {wanted}, got {_json_type(value)}", param=name)
     return value
+
+
+@overload
+def get_number(
+    body: dict[str, Any], name: str, *, low: float | None = None, high: float | None = None, integer: Literal[True]
+) -> int | None: ...
+
+
+@overload
+def get_number(
+    body: dict[str, Any], name: str, *, low: float | None = None, high: float | None = None, integer: bool = False
+) -> float | int | None: ...
 
 
 def get_number(

@@ -161,6 +161,12 @@ class _Run(_Host):
         self.model_id = f"{run_id}:train:{seq}"
         self.state_root = state_root
 
+    @property
+    def lora_trainer(self) -> Any:
+        """The run's PEFT trainer (a _Run always has one)."""
+        assert self.trainer is not None
+        return self.trainer
+
 
 class FireworksTrainingDouble:
     """The double's state and HTTP app; see the module docstring for what it covers and what it simplifies."""
@@ -494,7 +500,7 @@ class FireworksTrainingDouble:
         if loss not in ("cross_entropy", "importance_sampling", "ppo"):
             raise UserError(f"loss_fn {loss!r} is not supported by this double")
         try:
-            result = run.trainer.forward_backward(datums, loss, config)
+            result = run.lora_trainer.forward_backward(datums, loss, config)
         except ValueError as exc:
             raise UserError(str(exc)) from exc
         return {
@@ -517,7 +523,7 @@ class FireworksTrainingDouble:
             grad_clip_norm=float(wire.get("grad_clip_norm", 0.0)),
         )
         try:
-            step = run.trainer.optim_step(adam)
+            step = run.lora_trainer.optim_step(adam)
         except (ValueError, RuntimeError) as exc:
             raise UserError(str(exc)) from exc
         return {"metrics": {"step": float(step.step), **step.metrics}}
@@ -527,7 +533,7 @@ class FireworksTrainingDouble:
         name = str(body.get("path") or "")
         if not _DNS_LABEL.match(name):
             raise UserError(f"sampler checkpoint name {name!r} must be a DNS label (a-z, 0-9, '-')")
-        info = run.versions.publish(run.trainer.lora_weights(), name)
+        info = run.versions.publish(run.lora_trainer.lora_weights(), name)
         path = f"{self.account}/{run.run_id}/{name}"
         run.sampler_paths[path] = info.version
         return {"type": "save_weights_for_sampler", "path": path}
@@ -539,7 +545,7 @@ class FireworksTrainingDouble:
             raise UserError(f"checkpoint name {name!r} must be a DNS label (a-z, 0-9, '-')")
         path = f"{self.account}/{run.run_id}/{name}"
         directory = run.state_root / name
-        run.trainer.save(directory)
+        run.lora_trainer.save(directory)
         with self._lock:
             self._saved_states[path] = directory
         return {"type": "save_weights", "path": path}
@@ -553,7 +559,7 @@ class FireworksTrainingDouble:
         if directory is None:
             raise UserError(f"no checkpoint at {path!r}")
         try:
-            run.trainer.load(directory)
+            run.lora_trainer.load(directory)
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot load {path!r}: {exc}") from exc
         return {"type": "load_weights", "path": path}

@@ -591,7 +591,7 @@ def _our_sampling_params(params: types.SamplingParams) -> SamplingParams:
     if isinstance(stop, str):
         strings = (stop,)
     elif stop is not None:
-        items = list(stop)
+        items: list[Any] = list(stop)
         if not items:
             raise NotImplementedError("the tinker double cannot disable EOS (stop=[])")
         if all(isinstance(s, str) for s in items):

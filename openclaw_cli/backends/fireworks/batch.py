@@ -446,6 +446,9 @@ class FireworksBatchBackend:
         # No loss is computed here: the remote SFT job does the math.
         return FwdBwdResult(loss=math.nan, metrics=metrics, logprobs=[[] for _ in datums])
 
+    async def discard_gradients(self) -> None:
+        """Nothing to drop: queued rows are keyed by their tokens, so a retried step cannot queue a sample twice."""
+
     async def optim_step(self, adam: AdamParams) -> StepResult:
         """Run one remote training cycle once ``fireworks.batch_samples`` rows are queued (see module docstring)."""
         control = self._require_control()

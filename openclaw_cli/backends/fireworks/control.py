@@ -71,12 +71,13 @@ def error_detail(body: object) -> tuple[str, str]:
     """(code, message) from a Fireworks error body: control plane ``{"code", "message"}``, inference
     ``{"error": {"code", "message"}}``; empty strings when absent."""
     if isinstance(body, dict):
-        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        error = body.get("error")
+        inner = error if isinstance(error, dict) else body
         code = inner.get("code")
         message = inner.get("message")
         # Control-plane codes are numeric gRPC codes, which add nothing to the HTTP status; names are kept.
         named = isinstance(code, str) and not code.isdigit()
-        return (code if named else "", str(message) if message else "")
+        return (code if isinstance(code, str) and named else "", str(message) if message else "")
     if isinstance(body, str):
         return "", body
     return "", ""

@@ -297,7 +297,8 @@ class _Completion:
             if not self.tokens or self.tokens[-1] not in eos:
                 full = tokenizer.decode(self.tokens)
                 stop_sequence = next((s for s in params.stop if s in full), None)
-        sampling = self.sampling_logprobs
+        sampling = [float(v) for v in self.sampling_logprobs or [] if v is not None]
+        complete = bool(self.sampling_logprobs) and len(sampling) == len(self.sampling_logprobs or [])
         return SampleResult(
             tokens=list(self.tokens),
             logprobs=list(self.logprobs),
@@ -305,7 +306,7 @@ class _Completion:
             version=version,
             text=text,
             stop_sequence=stop_sequence,
-            sampling_logprobs=[float(v) for v in sampling] if sampling and None not in sampling else [],
+            sampling_logprobs=sampling if complete else [],
             prompt_tokens=prompt_len,
             started_at=started,
             first_token_at=first or time.time(),

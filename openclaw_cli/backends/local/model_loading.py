@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -324,7 +324,7 @@ def load_model(settings: Settings) -> LoadedModel:
     try:
         config = AutoConfig.from_pretrained(path)
         hf_tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # stubs type .to() as a decorator
     except (OSError, ValueError) as exc:
         raise BackendError(f"cannot load model from {path}: {exc}") from exc
     model.to(device)

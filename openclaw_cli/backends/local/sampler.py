@@ -17,7 +17,7 @@ import inspect
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -260,7 +260,9 @@ def _mergeable(cache: Any) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+    if not layers:
+        return False
+    return all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
 
 
 class TransformersSampler:
@@ -392,7 +394,7 @@ class TransformersSampler:
 
     async def _events(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None, *, with_chunks: bool
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         accepted_at = time.time()
         prompt = [int(t) for t in prompt_tokens]
         self._check_request(prompt, params)

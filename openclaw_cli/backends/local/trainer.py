@@ -15,9 +15,10 @@ import copy
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -256,7 +257,7 @@ class LoraTrainer:
             raise ValueError(f"LoRA weights name layers this trainer does not adapt: {', '.join(unknown[:5])}")
         with torch.no_grad():
             for path, layer in self._lora_layers.items():
-                a, b = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
+                a, b = _adapter_params(layer)
                 delta = weights.get(path)
                 if delta is None:
                     if weights:
@@ -470,10 +471,10 @@ class LoraTrainer:
 
 
 def _adapter_params(layer: LoraLayer) -> list[nn.Parameter]:
-    return [layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight]
+    return [cast(nn.Parameter, module[ADAPTER_NAME].weight) for module in (layer.lora_A, layer.lora_B)]
 
 
-def _token_ids(values: list[int] | list[float], vocab: int, what: str) -> torch.Tensor:
+def _token_ids(values: Sequence[float], vocab: int, what: str) -> torch.Tensor:
     as_float = torch.tensor(values, dtype=torch.float64)
     if not torch.isfinite(as_float).all() or not torch.equal(as_float, as_float.round()):
         raise ValueError(f"{what}: token ids must be whole numbers")
@@ -483,7 +484,7 @@ def _token_ids(values: list[int] | list[float], vocab: int, what: str) -> torch.
     return as_float.long()
 
 
-def _floats(values: list[float] | None, what: str, *, allow_neg_inf: bool) -> torch.Tensor | None:
+def _floats(values: Sequence[float] | None, what: str, *, allow_neg_inf: bool) -> torch.Tensor | None:
     if values is None:
         return None
     tensor = torch.tensor(values, dtype=torch.float32)

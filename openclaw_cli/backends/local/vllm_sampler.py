@@ -381,7 +381,7 @@ class VLLMSampler:
         yield SampleResult(
             tokens=tokens,
             logprobs=logprobs,
-            finish_reason=finish_reason,
+            finish_reason="stop" if finish_reason == "stop" else "length",
             version=served.info.version,
             text="".join(text_parts),
             stop_sequence=stop_reason if isinstance(stop_reason, str) else None,

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from openclaw_cli.envrl.hooks import maybe_await
-from openclaw_cli.envrl.rollout import ChatReply, RolloutContext
+from openclaw_cli.env_training.hooks import maybe_await
+from openclaw_cli.env_training.rollout import ChatReply, RolloutContext
 from openclaw_cli.types import Message, ToolCall
 
 ToolRunner = Callable[[ToolCall], "Awaitable[str] | str"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from openclaw_cli.types import StreamEvent
@@ -20,7 +20,7 @@ _END = object()
 
 async def merged_events(
     streams: list[AsyncIterator[StreamEvent]], *, keepalive_s: float
-) -> AsyncIterator[tuple[int, StreamEvent] | None]:
+) -> AsyncGenerator[tuple[int, StreamEvent] | None, None]:
     """Yield ``(stream index, event)`` in arrival order, or ``None`` after ``keepalive_s`` of silence.
 
     The first exception raised by any stream is re-raised here (after the others are stopped).

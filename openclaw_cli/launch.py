@@ -25,7 +25,8 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
 
@@ -39,9 +40,11 @@ from openclaw_cli.settings import Settings
 from openclaw_cli.trainer_loop import TrainerLoop
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
     from openclaw_cli.judge import JudgeClient, JudgeLoop
     from openclaw_cli.promotion import PromotionGate
-    from openclaw_cli.sessions import SessionCapture
+    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
 
 log = logging.getLogger("openclaw.launch")
@@ -81,7 +84,7 @@ class Runtime:
         self.judge = judge
         self.trainer = trainer
         self.server = server
-        self.app = server.config.app
+        self.app: Starlette = cast("Starlette", server.config.app)  # the proxy app create_app built
         self.started_at = time.time()
         self.errors: list[str] = []
         self.gate: PromotionGate | None = None
@@ -191,7 +194,7 @@ async def launch(
     settings (tests and benches; it is started and closed here like the named one).
     """
     from openclaw_cli.judge import JudgeLoop, make_judge_client
-    from openclaw_cli.sessions import SessionCapture
+    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
 
     check_bind(settings)
@@ -339,7 +342,7 @@ async def _finish(task: asyncio.Task[None], force: asyncio.Event, grace_s: float
 
 def _install_signal_handlers(
     loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event
-) -> list[Callable[[], None]]:
+) -> list[Callable[[], object]]:
     """First SIGINT/SIGTERM: orderly stop. Second: stop waiting. Only possible on the main thread (signals)."""
     if threading.current_thread() is not threading.main_thread():
         return []
@@ -351,13 +354,13 @@ def _install_signal_handlers(
         else:
             stop.set()
 
-    removers: list[Callable[[], None]] = []
+    removers: list[Callable[[], object]] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError, ValueError):  # e.g. Windows event loops
             continue
-        removers.append(lambda sig=sig: loop.remove_signal_handler(sig))
+        removers.append(partial(loop.remove_signal_handler, sig))
     return removers
 
 

@@ -5,11 +5,11 @@ Each step:
 1. fixes the policy version (the one serving now) and runs ``prompts_per_step`` groups of ``group_size`` rollouts,
    ``concurrency`` at a time; the members of a group share a task RNG (same prompt), their samples differ;
 2. scores every trajectory (the ``--reward`` hook when given, else the trajectory's own rewards) and turns each
-   group's returns into advantages (:mod:`openclaw_cli.envrl.advantages`); groups with all-equal returns are
+   group's returns into advantages (:mod:`openclaw_cli.env_training.advantages`); groups with all-equal returns are
    skipped;
-3. builds Tinker-aligned datums (:mod:`openclaw_cli.envrl.batch`) and calls ``forward_backward`` with ``ppo``
+3. builds Tinker-aligned datums (:mod:`openclaw_cli.env_training.batch`) and calls ``forward_backward`` with ``ppo``
    (clip from ``train.eps_low`` / ``train.eps_high``), ``importance_sampling``, or a custom loss
-   (:mod:`openclaw_cli.envrl.custom_loss`), then ``optim_step`` with the ``train.*`` Adam settings, then
+   (:mod:`openclaw_cli.env_training.custom_loss`), then ``optim_step`` with the ``train.*`` Adam settings, then
    ``publish``. A step whose groups are all skipped trains nothing and publishes nothing.
 
 Only the :class:`~openclaw_cli.backend.Backend` protocol is used, so it runs on any backend.
@@ -21,7 +21,7 @@ stops with :class:`RolloutError` naming the first failure: training on a mostly 
 the policy noise.
 
 Checkpoints: with a run name, every ``train_env.checkpoint_every`` steps the backend state is saved and a manifest
-written (:mod:`openclaw_cli.envrl.checkpoints`; the newest ``train_env.keep_checkpoints`` are kept);
+written (:mod:`openclaw_cli.env_training.checkpoints`; the newest ``train_env.keep_checkpoints`` are kept);
 :meth:`EnvTrainer.resume` loads one and the run continues at the next step with the same seeded tasks (seeds derive
 from ``(seed, step, group[, member])``, never from history).
 With a store, every step's metrics are recorded in its ``steps`` table (tagged ``"source": "env"``) for
@@ -39,12 +39,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from openclaw_cli.algorithms import adam_params_from, ppo_loss_config
 from openclaw_cli.backend import Backend, BackendError
-from openclaw_cli.envrl.batch import ScoredGroup, TrainTurn, score_group, to_datums, train_turns
-from openclaw_cli.envrl.checkpoints import (
+from openclaw_cli.env_training.batch import ScoredGroup, TrainTurn, score_group, to_datums, train_turns
+from openclaw_cli.env_training.checkpoints import (
     ResumeError,
     RunManifest,
     check_run_name,
@@ -53,12 +53,12 @@ from openclaw_cli.envrl.checkpoints import (
     prune_run,
     write_manifest,
 )
-from openclaw_cli.envrl.custom_loss import CustomLoss, forward_backward_custom
-from openclaw_cli.envrl.hooks import BUILTIN_LOSSES, Env, maybe_await
-from openclaw_cli.envrl.rollout import BackendPolicy, RewardFn, RolloutContext, Trajectory, derive_seed
+from openclaw_cli.env_training.custom_loss import CustomLoss, forward_backward_custom
+from openclaw_cli.env_training.hooks import BUILTIN_LOSSES, Env, maybe_await
+from openclaw_cli.env_training.rollout import BackendPolicy, RewardFn, RolloutContext, Trajectory, derive_seed
 from openclaw_cli.settings import Settings, SettingsError
 from openclaw_cli.store import Store
-from openclaw_cli.types import FwdBwdResult
+from openclaw_cli.types import FwdBwdResult, LossName
 
 log = logging.getLogger("openclaw.envrl")
 
@@ -351,7 +351,7 @@ class EnvTrainer:
         if not isinstance(self.loss, str):
             return await forward_backward_custom(self.backend, turns, self.loss)
         config = ppo_loss_config(self.settings.train) if self.loss == "ppo" else None
-        return await self.backend.forward_backward(to_datums(turns), self.loss, config)
+        return await self.backend.forward_backward(to_datums(turns), cast(LossName, self.loss), config)
 
 
 def parse_env_args(pairs: list[str]) -> dict[str, str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_cli.envrl.sandbox import SandboxRefused, ShellSandbox
+from openclaw_cli.env_training.sandbox import SandboxRefused, ShellSandbox
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from openclaw_cli.envrl import (
+from openclaw_cli.env_training import (
     CustomLossUnsupported,
     EnvTrainer,
     ModelTurn,
@@ -16,11 +16,11 @@ from openclaw_cli.envrl import (
     Trajectory,
     group_advantages,
 )
-from openclaw_cli.envrl.batch import score_group, to_datums, train_turns
-from openclaw_cli.envrl.custom_loss import forward_backward_custom
-from openclaw_cli.envrl.hooks import FunctionEnv
-from openclaw_cli.envrl.rollout import BackendPolicy
-from openclaw_cli.envrl.trainer import parse_env_args
+from openclaw_cli.env_training.batch import score_group, to_datums, train_turns
+from openclaw_cli.env_training.custom_loss import forward_backward_custom
+from openclaw_cli.env_training.hooks import FunctionEnv
+from openclaw_cli.env_training.rollout import BackendPolicy
+from openclaw_cli.env_training.trainer import parse_env_args
 from openclaw_cli.settings import Settings, TrainEnvSettings, TrainSettings
 from openclaw_cli.testing.fake_backend import FakeBackend
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, StepResult
@@ -215,7 +215,7 @@ async def test_reward_hook_replaces_the_env_reward_and_failures_name_the_rollout
 async def test_custom_loss_gradient_is_handed_over_by_linearisation(tiny_tokenizer) -> None:
     import torch
 
-    from openclaw_cli.envrl.batch import TrainTurn
+    from openclaw_cli.env_training.batch import TrainTurn
 
     backend = RecordingBackend(tiny_tokenizer)
     turns = [TrainTurn([5, 6, 7], [8, 9], [-0.3, -0.4], advantage=2.0, trajectory_id=0, weight=0.25)]
@@ -247,7 +247,7 @@ async def test_custom_loss_gradient_is_handed_over_by_linearisation(tiny_tokeniz
 
 
 async def test_custom_loss_needs_learner_logprobs(tiny_tokenizer) -> None:
-    from openclaw_cli.envrl.batch import TrainTurn
+    from openclaw_cli.env_training.batch import TrainTurn
 
     backend = RecordingBackend(tiny_tokenizer, learner_logprobs=False)
     turns = [TrainTurn([5, 6], [8], [-0.3], advantage=1.0, trajectory_id=0)]
@@ -259,7 +259,7 @@ async def test_custom_loss_trains_like_the_builtin_loss_on_the_local_backend(tin
     """The same importance-sampling objective, written as a custom loss, moves the LoRA weights exactly as the
     backend's own loss does. Adam with a huge eps makes the update proportional to the gradient (not its sign)."""
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.envrl.batch import TrainTurn
+    from openclaw_cli.env_training.batch import TrainTurn
     from openclaw_cli.settings import LocalSettings, LoraSettings
 
     rng = random.Random(0)

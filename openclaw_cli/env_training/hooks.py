@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from openclaw_cli.envrl.rollout import RewardFn, RolloutContext, RolloutFn, Trajectory
+from openclaw_cli.env_training.rollout import RewardFn, RolloutContext, RolloutFn, Trajectory
 
 ROLLOUT_GROUP = "openclaw.rollouts"
 REWARD_GROUP = "openclaw.rewards"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import BackendError
-from openclaw_cli.envrl.batch import TrainTurn
+from openclaw_cli.env_training.batch import TrainTurn
 from openclaw_cli.types import Datum, FwdBwdResult, datum_from_completion
 
 if TYPE_CHECKING:

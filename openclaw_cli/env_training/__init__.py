@@ -2,7 +2,7 @@
 
 A rollout hook plays one episode with the policy and returns a :class:`Trajectory`::
 
-    from openclaw_cli.envrl import RolloutContext, Trajectory
+    from openclaw_cli.env_training import RolloutContext, Trajectory
 
     async def rollout(ctx: RolloutContext) -> Trajectory:
         a, b = ctx.rng.randint(0, 4), ctx.rng.randint(0, 5)  # same task for the whole GRPO group
@@ -10,15 +10,15 @@ A rollout hook plays one episode with the policy and returns a :class:`Trajector
         return ctx.trajectory(reward=1.0 if str(a + b) in reply.text else 0.0)
 
 and ``openclaw train --env mymodule:rollout`` (or :func:`train_on_env`) trains on it with GRPO. See
-:mod:`openclaw_cli.envrl.hooks` for the spec forms and entry-point groups, :mod:`~openclaw_cli.envrl.trainer` for the
-loop, :mod:`~openclaw_cli.envrl.custom_loss` for custom losses, :mod:`~openclaw_cli.envrl.tools` /
-:mod:`~openclaw_cli.envrl.sandbox` / :mod:`~openclaw_cli.envrl.remote` for tool-calling, terminal and remote
-environments.
+:mod:`openclaw_cli.env_training.hooks` for the spec forms and entry-point groups,
+:mod:`~openclaw_cli.env_training.trainer` for the loop, :mod:`~openclaw_cli.env_training.custom_loss` for custom
+losses, :mod:`~openclaw_cli.env_training.tools` / :mod:`~openclaw_cli.env_training.sandbox` /
+:mod:`~openclaw_cli.env_training.remote` for tool-calling, terminal and remote environments.
 """
 
-from openclaw_cli.envrl.advantages import group_advantages
-from openclaw_cli.envrl.custom_loss import CustomLoss, CustomLossError, CustomLossUnsupported, LossInputs
-from openclaw_cli.envrl.hooks import (
+from openclaw_cli.env_training.advantages import group_advantages
+from openclaw_cli.env_training.custom_loss import CustomLoss, CustomLossError, CustomLossUnsupported, LossInputs
+from openclaw_cli.env_training.hooks import (
     LOSS_GROUP,
     REWARD_GROUP,
     ROLLOUT_GROUP,
@@ -28,7 +28,7 @@ from openclaw_cli.envrl.hooks import (
     resolve_loss,
     resolve_reward,
 )
-from openclaw_cli.envrl.rollout import (
+from openclaw_cli.env_training.rollout import (
     BackendPolicy,
     ChatReply,
     ModelTurn,
@@ -38,8 +38,8 @@ from openclaw_cli.envrl.rollout import (
     RolloutFn,
     Trajectory,
 )
-from openclaw_cli.envrl.tools import ToolLoopResult, call_arguments, function_tool, run_tool_loop
-from openclaw_cli.envrl.trainer import EnvTrainer, RolloutError, StepStats, train_on_env
+from openclaw_cli.env_training.tools import ToolLoopResult, call_arguments, function_tool, run_tool_loop
+from openclaw_cli.env_training.trainer import EnvTrainer, RolloutError, StepStats, train_on_env
 
 __all__ = [
     "LOSS_GROUP",

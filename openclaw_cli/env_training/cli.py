@@ -4,7 +4,7 @@ Flags override ``[train_env]`` in the config file, which overrides the defaults;
 (e.g. ``--set train.lr=5e-5``). At the end the trained state is saved with the backend's ``save_state`` (under
 ``local.state_dir`` for the local backend) unless ``--no-save``.
 
-Every ``train_env.checkpoint_every`` steps the run is checkpointed (:mod:`openclaw_cli.envrl.checkpoints`);
+Every ``train_env.checkpoint_every`` steps the run is checkpointed (:mod:`openclaw_cli.env_training.checkpoints`);
 ``--resume RUN`` (or ``latest``, or ``RUN@STEP``) continues it from its last checkpoint with the run's own
 ``[train_env]`` settings, flags and ``--set train_env.*`` still winning (e.g. ``--steps 20`` to extend it).
 """
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from openclaw_cli.envrl.checkpoints import RunManifest
-    from openclaw_cli.envrl.custom_loss import CustomLoss
-    from openclaw_cli.envrl.hooks import Env
-    from openclaw_cli.envrl.rollout import RewardFn
-    from openclaw_cli.envrl.trainer import StepStats
+    from openclaw_cli.env_training.checkpoints import RunManifest
+    from openclaw_cli.env_training.custom_loss import CustomLoss
+    from openclaw_cli.env_training.hooks import Env
+    from openclaw_cli.env_training.rollout import RewardFn
+    from openclaw_cli.env_training.trainer import StepStats
     from openclaw_cli.settings import Settings
 
 EXIT_FAILED = 1
@@ -84,7 +84,7 @@ def train_command(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
 ) -> None:
     """Train the policy with RL on an environment (GRPO groups, PPO loss), then save it."""
-    from openclaw_cli.envrl.hooks import HookError, resolve_env, resolve_loss, resolve_reward
+    from openclaw_cli.env_training.hooks import HookError, resolve_env, resolve_loss, resolve_reward
 
     flags = {
         "env": env,
@@ -150,7 +150,7 @@ def _resolve_run(
 ) -> tuple[Settings, RunManifest | None, str]:
     """The run's settings (config < --set < named flags; a resumed run's own train_env under what was given now),
     the manifest it resumes from, and its name; refuses (exit 2) what cannot run."""
-    from openclaw_cli.envrl.checkpoints import (
+    from openclaw_cli.env_training.checkpoints import (
         ResumeError,
         check_run_name,
         find_manifest,
@@ -190,7 +190,7 @@ def _resolve_run(
 
 
 def _has_checkpoint(settings: Settings, run_name: str) -> bool:
-    from openclaw_cli.envrl.checkpoints import ResumeError, find_manifest
+    from openclaw_cli.env_training.checkpoints import ResumeError, find_manifest
 
     try:
         find_manifest(settings.local.state_dir, run_name)
@@ -213,9 +213,9 @@ def _run_with_progress(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from openclaw_cli.backend import BackendError
-    from openclaw_cli.envrl.checkpoints import ResumeError
-    from openclaw_cli.envrl.custom_loss import CustomLossError
-    from openclaw_cli.envrl.trainer import RolloutError, train_on_env
+    from openclaw_cli.env_training.checkpoints import ResumeError
+    from openclaw_cli.env_training.custom_loss import CustomLossError
+    from openclaw_cli.env_training.trainer import RolloutError, train_on_env
     from openclaw_cli.settings import SettingsError
     from openclaw_cli.store import StoreError
 

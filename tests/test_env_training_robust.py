@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from openclaw_cli.algorithms import adam_params_from
 from openclaw_cli.backend import NotYetAvailable
 from openclaw_cli.cli import app
-from openclaw_cli.envrl import EnvTrainer, RolloutContext, RolloutError, Trajectory, train_on_env
-from openclaw_cli.envrl.checkpoints import (
+from openclaw_cli.env_training import EnvTrainer, RolloutContext, RolloutError, Trajectory, train_on_env
+from openclaw_cli.env_training.checkpoints import (
     ResumeError,
     RunManifest,
     find_manifest,
@@ -25,7 +25,7 @@ from openclaw_cli.envrl.checkpoints import (
     runs_dir,
     write_manifest,
 )
-from openclaw_cli.envrl.hooks import FunctionEnv
+from openclaw_cli.env_training.hooks import FunctionEnv
 from openclaw_cli.eval import reward_series
 from openclaw_cli.settings import LocalSettings, Settings, SettingsError, TrainEnvSettings, TrainSettings
 from openclaw_cli.store import Store

@@ -12,7 +12,7 @@ The environment server answers four POST routes (JSON in, JSON out); messages an
 
 :data:`env` is a ready rollout hook for any server speaking it::
 
-    openclaw train --env openclaw_cli.envrl.remote:env --env-arg url=http://127.0.0.1:8765 --env-arg max_turns=8
+    openclaw train --env openclaw_cli.env_training.remote:env --env-arg url=http://127.0.0.1:8765 --env-arg max_turns=8
 
 Members of a GRPO group reset with the same seed (``ctx.seed``), so a server that picks its task from the seed
 gives the whole group the same task.
@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
 
-from openclaw_cli.envrl.rollout import RolloutContext, Trajectory
+from openclaw_cli.env_training.rollout import RolloutContext, Trajectory
 from openclaw_cli.proxy.auth import is_loopback
 from openclaw_cli.types import Message
 
@@ -79,7 +79,7 @@ class RemoteEnvClient:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise RemoteEnvError(f"{self.base_url}/reset returned tools that are not a list")
-        return Episode(episode_id, list(messages), tools)
+        return Episode(episode_id, list(cast(list[Message], messages)), tools)
 
     async def step(self, episode_id: str, message: Message) -> EnvStep:
         body = await self._post("/step", {"episode_id": episode_id, "message": message})
@@ -172,7 +172,7 @@ class RemoteEnv:
 
 
 env = RemoteEnv()
-"""``--env openclaw_cli.envrl.remote:env --env-arg url=http://HOST:PORT``"""
+"""``--env openclaw_cli.env_training.remote:env --env-arg url=http://HOST:PORT``"""
 
 
 def _is_message_list(value: Any) -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openclaw_cli.envrl.advantages import group_advantages
-from openclaw_cli.envrl.rollout import Trajectory
+from openclaw_cli.env_training.advantages import group_advantages
+from openclaw_cli.env_training.rollout import Trajectory
 from openclaw_cli.types import Datum, datum_from_completion
 
 

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from openclaw_cli import runtime as runtime_module
+from openclaw_cli import launch as runtime_module
+from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.proxy import ProxyConfigError
-from openclaw_cli.runtime import Runtime, launch
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
 from openclaw_cli.store import Store
 

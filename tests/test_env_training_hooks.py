@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from openclaw_cli.envrl import HookError, resolve_env, resolve_loss, resolve_reward
-from openclaw_cli.envrl.hooks import FunctionEnv
+from openclaw_cli.env_training import HookError, resolve_env, resolve_loss, resolve_reward
+from openclaw_cli.env_training.hooks import FunctionEnv
 
 
 def write(path: Path, source: str) -> Path:
