@@ -64,11 +64,12 @@ class JudgeSettings(_Section):
         "(see next_state_hints); auto = the judge's hint when it wrote one, else next_state.",
     )
     next_state_hints: Literal["every", "unhappy"] = Field(
-        "every",
-        description="Which user replies become OPD hints: every = all of them (approval gives ~0 advantage); unhappy "
-        "= only where the judge's score is <= 0. every measured better on bench/learning.py (7 min, seed 0, "
-        "SmolLM2: held-out replies 22% shorter against 1%), because the small judge reads many corrections as "
-        "mild approval.",
+        "unhappy",
+        description="Which user replies become OPD hints: unhappy = where the judge's score is <= 0 (a correction, "
+        "or a verdict under judge.margin); every = all of them. An approving reply often carries the next request "
+        "('thanks; now ...'), and a teacher told it objects to the good reply it follows (measured on "
+        "bench/learning.py, 7 min, seed 0, SmolLM2: held-out replies 30% shorter with unhappy; hints exactly on the "
+        "corrections, the scripted control, 56%).",
     )
     votes: int = Field(3, ge=1, le=15, description="vote mode: PRM votes per turn (majority; tie or none -> 0).")
     temperature: float = Field(0.6, ge=0.0, le=2.0, description="vote mode: sampling temperature of the judge.")
@@ -281,7 +282,7 @@ class ProxySettings(_Section):
 
 
 class TrainEnvSettings(_Section):
-    """``openclaw train``: batch RL on an environment (see openclaw_cli/envrl)."""
+    """``openclaw train``: batch RL on an environment (see openclaw_cli/env_training)."""
 
     env: str | None = Field(
         None, description="Rollout hook: an openclaw.rollouts entry-point name, module:function or path/to/file.py."
