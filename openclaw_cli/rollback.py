@@ -11,14 +11,23 @@ expired version is refused with that list.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from openclaw_cli.cli import EXIT_FAILED, EXIT_REFUSED, CliFailure, _is_loopback, connect_host
+from openclaw_cli.cli import _is_loopback, connect_host
+from openclaw_cli.command_support import (
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    CliFailure,
+    ConfigOption,
+    HostOption,
+    PortOption,
+    SetOption,
+    command_settings,
+)
 from openclaw_cli.proxy.control import ROLLBACK_PATH, VERSIONS_PATH
-from openclaw_cli.settings import Settings, load_settings, parse_overrides
+from openclaw_cli.settings import Settings
 
 TIMEOUT_S = 600.0  # serving switches at once; the answer waits for a training step in progress to end
 
@@ -62,17 +71,13 @@ def rollback_command(
         int | None, typer.Option("--to", min=0, help="The policy version to serve from now on (0 = the base model).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the server's JSON answer as is.")] = False,
-    host: Annotated[str | None, typer.Option("--host", help="Address of the server (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Port of the server (default 8400).")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="Config file (default ./openclaw.toml).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
 ) -> None:
     """Serve an earlier policy version at once (without --to: list the versions that can serve)."""
-    overrides = parse_overrides(set_ or [])
-    for key, value in (("host", host), ("port", port)):
-        if value is not None:
-            overrides[key] = value
-    settings = load_settings(overrides, config=config)
+    settings = command_settings(config, set_, host=host, port=port)
     if to is None:
         listing = _request(settings, "GET", VERSIONS_PATH)
         if as_json:

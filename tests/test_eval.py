@@ -344,7 +344,7 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path, monkeypatch: pytest.Monke
     assert result.exit_code == 1 and "no checkpoints in" in result.output
 
     result = runner.invoke(app, ["eval", "--plot-only", *store_set])
-    assert result.exit_code == 1 and "--plot-only needs --plot" in result.output
+    assert result.exit_code == 2 and "--plot-only needs --plot" in result.output
     result = runner.invoke(app, ["eval", "--plot-only", "--plot", str(tmp_path / "r.png"), *store_set])
     assert result.exit_code == 1 and "no training steps recorded yet" in result.output
 

@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.export import ExportFilters, ExportFormat, export_command, export_turns, parse_since
+from openclaw_cli.export import ExportFilters, ExportFormat, export_turns, parse_since
 from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
@@ -143,12 +143,8 @@ def test_parse_since() -> None:
 
 
 def _cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command("export")(export_command)
-
-    @app.command("other")
-    def other() -> None:  # a second command keeps typer from collapsing the app into the single command
-        pass
+    # The real command tree: its group maps CliFailure / SettingsError to one error line and the exit-code policy.
+    from openclaw_cli.cli import app
 
     return app
 
@@ -184,6 +180,12 @@ def test_cli_errors_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert missing.exit_code == 1 and "no store at" in missing.output
     assert not (tmp_path / "none.sqlite3").exists()
     bad_since = CliRunner().invoke(_cli(), ["export", "--since", "soon"])
-    assert bad_since.exit_code == 1 and "--since expects" in bad_since.output
+    # Refused input exits 2 in every command (the exit-code policy in openclaw_cli/command_support.py).
+    assert bad_since.exit_code == 2 and "--since expects" in bad_since.output
     bad_setting = CliRunner().invoke(_cli(), ["export", "--set", "store.nope=1"])
-    assert bad_setting.exit_code == 1 and "store.nope" in bad_setting.output
+    assert bad_setting.exit_code == 2 and "store.nope" in bad_setting.output
+    for command in (["eval"], ["train"], ["rollback"], ["status"]):
+        same = CliRunner().invoke(_cli(), [*command, "--set", "store.nope=1"])
+        assert same.exit_code == 2 and "store.nope" in same.output, command
+    written = CliRunner().invoke(_cli(), ["export", "-c", str(tmp_path / "absent.toml")])
+    assert written.exit_code == 2 and "absent.toml" in written.output

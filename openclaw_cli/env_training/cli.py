@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, SetOption
+
 if TYPE_CHECKING:
     from openclaw_cli.env_training.checkpoints import RunManifest
     from openclaw_cli.env_training.custom_loss import CustomLoss
@@ -26,19 +28,6 @@ if TYPE_CHECKING:
     from openclaw_cli.env_training.rollout import RewardFn
     from openclaw_cli.env_training.trainer import StepStats
     from openclaw_cli.settings import Settings
-
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-
-
-def _fail(message: str, code: int = EXIT_FAILED) -> typer.Exit:
-    from rich.console import Console
-    from rich.text import Text
-
-    console = Console(stderr=True, highlight=False)
-    for line in message.splitlines() or [message]:
-        console.print(Text(f"error: {line}", style="bold red"), soft_wrap=True)
-    return typer.Exit(code=code)
 
 
 def train_command(
@@ -80,8 +69,8 @@ def train_command(
     metrics: Annotated[
         Path | None, typer.Option("--metrics", help="Also write one JSON line of metrics per step here.")
     ] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="Config file (default ./openclaw.toml).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: KEY=VALUE.")] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
 ) -> None:
     """Train the policy with RL on an environment (GRPO groups, PPO loss), then save it."""
     from openclaw_cli.env_training.hooks import HookError, resolve_env, resolve_loss, resolve_reward
@@ -102,13 +91,13 @@ def train_command(
     settings, manifest, run_name = _resolve_run(flags, named, env_arg or [], set_ or [], config, resume, save)
     spec = settings.train_env
     if not spec.env:
-        raise _fail("no environment: pass --env MODULE:FN (or set train_env.env)", EXIT_REFUSED)
+        raise CliFailure("no environment: pass --env MODULE:FN (or set train_env.env)", EXIT_REFUSED)
     try:
         env_hook = resolve_env(spec.env)
         reward_hook = resolve_reward(spec.reward) if spec.reward else None
         loss_hook = resolve_loss(spec.loss)
     except HookError as exc:
-        raise _fail(str(exc), EXIT_REFUSED) from None
+        raise CliFailure(str(exc), EXIT_REFUSED) from None
 
     save_name = None if no_save else (save or run_name)
     history, saved = _run_with_progress(
@@ -185,7 +174,7 @@ def _resolve_run(
         if env_args:  # after the configured ones, so a flag wins over the same key in the config file
             settings.train_env.env_args = [*settings.train_env.env_args, *env_args]
     except (SettingsError, ValueError, ResumeError) as exc:
-        raise _fail(str(exc), EXIT_REFUSED) from None
+        raise CliFailure(str(exc), EXIT_REFUSED) from None
     return settings, manifest, run_name
 
 
@@ -271,7 +260,7 @@ def _run_with_progress(
                 )
             )
     except (RolloutError, BackendError, CustomLossError, ResumeError, SettingsError, StoreError) as exc:
-        raise _fail(str(exc)) from None
+        raise CliFailure(str(exc)) from None
     finally:
         if metrics_file is not None:
             metrics_file.close()
