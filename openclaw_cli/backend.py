@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel
 
 from openclaw_cli.types import (
     AdamParams,
@@ -33,6 +35,8 @@ from openclaw_cli.types import (
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
 
 ENTRY_POINT_GROUP = "openclaw.backends"
 
@@ -171,6 +175,24 @@ def load_backend_class(name: str) -> type:
         known = ", ".join(sorted(eps)) or "none (is openclaw-cli installed? try `pip install -e .`)"
         raise BackendError(f"unknown backend {name!r}; installed backends: {known}")
     return eps[name].load()
+
+
+def plugin_settings(settings: Settings, name: str, section: type[SectionT]) -> SectionT:
+    """A third-party backend's own typed settings: the ``[plugins.<name>]`` table of openclaw.toml (also
+    ``OPENCLAW_PLUGINS__<NAME>__<KEY>`` and ``--set plugins.<name>.<key>=...``) validated by the backend's pydantic
+    model ``section``. A bad value raises SettingsError naming ``plugins.<name>.<key>``, as for built-in sections."""
+    from pydantic import ValidationError
+
+    from openclaw_cli.settings import SettingsError
+
+    raw = settings.plugins.get(name, {})
+    try:
+        return section.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"plugins.{name}.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        raise SettingsError(f"invalid setting {problems}") from None
 
 
 def create_backend(settings: Settings) -> Backend:

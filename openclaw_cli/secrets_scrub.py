@@ -38,6 +38,11 @@ def _is_secret_key(key: str) -> bool:
     return key.lower() in SECRET_HEADERS or _SECRET_KEY.search(key) is not None
 
 
+def is_secret_name(name: str) -> bool:
+    """A setting or field name that may hold a credential (masked wherever settings are shown)."""
+    return _is_secret_key(name) or is_secret_header(name)
+
+
 def scrub_secrets(value: Any) -> Any:
     """A copy of a JSON value without any api_key/authorization/secret-like field, at any depth outside the
     conversation payload (messages, system, tools, content, choices, input, prompt are kept verbatim)."""

@@ -367,6 +367,11 @@ class Settings(BaseSettings):
     fireworks: FireworksSettings = Field(default_factory=FireworksSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     train_env: TrainEnvSettings = Field(default_factory=TrainEnvSettings)
+    plugins: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Sections of third-party backends, [plugins.<backend name>]: each backend validates its own "
+        "with openclaw_cli.backend.plugin_settings. Secret-looking keys are masked wherever settings are shown.",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -621,9 +626,23 @@ def _json_leaves(model: BaseModel) -> dict[str, Any]:
             out[name] = str(value)
         elif isinstance(value, list):
             out[name] = list(value)
+        elif isinstance(value, dict):
+            out[name] = _masked_mapping(value)
         else:
             out[name] = value
     return out
+
+
+def _masked_mapping(value: dict[str, Any]) -> dict[str, Any]:
+    """A free-form section (plugins) as shown: a value under a secret-looking key never appears."""
+    from openclaw_cli.secrets_scrub import is_secret_name
+
+    return {
+        key: _masked_mapping(item)
+        if isinstance(item, dict)
+        else ("**** (set)" if is_secret_name(str(key)) and item not in (None, "") else item)
+        for key, item in value.items()
+    }
 
 
 def _dump_leaves(model: BaseModel) -> dict[str, Any]:
@@ -632,6 +651,8 @@ def _dump_leaves(model: BaseModel) -> dict[str, Any]:
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             out[name] = _dump_leaves(value)
+        elif isinstance(value, dict):
+            out[name] = {k: v if isinstance(v, dict) else str(v) for k, v in _masked_mapping(value).items()} or "(none)"
         elif isinstance(value, SecretStr):
             out[name] = mask_secret(value)
         elif value is None:

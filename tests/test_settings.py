@@ -190,3 +190,34 @@ def test_effective_values_are_typed_for_json():
     assert values["store.path"] == ".openclaw/store.sqlite3"
     assert values["lora.targets"][:2] == ["q_proj", "k_proj"]
     assert values["model"] is None
+
+
+def test_a_third_party_backend_reads_its_own_typed_section(monkeypatch, tmp_path):
+    from pydantic import BaseModel
+
+    from openclaw_cli.backend import plugin_settings
+
+    class AcmeSettings(BaseModel):
+        model_config = {"extra": "forbid"}
+        region: str = "eu"
+        replicas: int = 1
+        api_key: SecretStr | None = None
+
+    config = tmp_path / "openclaw.toml"
+    config.write_text('[plugins.acme]\nregion = "us"\napi_key = "sk-acme-123456"\n')
+    monkeypatch.setenv("OPENCLAW_PLUGINS__ACME__REPLICAS", "3")
+    settings = load_settings(parse_overrides(["plugins.acme.region=ap"]), config=config)
+    acme = plugin_settings(settings, "acme", AcmeSettings)
+    assert (acme.region, acme.replicas, acme.api_key.get_secret_value()) == ("ap", 3, "sk-acme-123456")
+    assert plugin_settings(settings, "other", AcmeSettings).region == "eu"  # no section: the model's defaults
+    # Shown everywhere with the secret-looking key masked, never the key itself.
+    shown = effective_values(settings)
+    assert shown["plugins.acme.api_key"] == "**** (set)" and shown["plugins.acme.region"] == "ap"
+    rendered = str(effective_items(settings, {}))
+    assert "sk-acme" not in rendered and "**** (set)" in rendered
+
+    bad = load_settings(parse_overrides(["plugins.acme.replicas=many", "plugins.acme.colour=red"]))
+    with pytest.raises(SettingsError) as info:
+        plugin_settings(bad, "acme", AcmeSettings)
+    assert "plugins.acme.replicas" in str(info.value) and "plugins.acme.colour" in str(info.value)
+    assert "many" not in str(info.value)  # the value itself is not echoed
