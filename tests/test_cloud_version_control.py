@@ -32,6 +32,7 @@ from openclaw_cli.settings import FireworksSettings, LocalSettings, LoraSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fireworks_double import FireworksDouble, double_settings
 from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
+from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.testing.tinker_double import TinkerDouble, status_error
 from openclaw_cli.types import AdamParams, Datum, SamplingParams, datum_from_completion
 
@@ -211,25 +212,7 @@ async def test_tinker_the_serving_version_is_never_evicted(
 
 def exchange(session: str) -> CapturedExchange:
     messages = [{"role": "user", "content": QUESTION}]
-    return CapturedExchange(
-        api="openai",
-        headers={"x-session-id": session},
-        request={"model": "m", "messages": messages},
-        messages=messages,
-        tools=None,
-        model="m",
-        prompt_tokens=[11, 12, 13],
-        completion_tokens=[5, 6, 7],
-        logprobs=[-0.5] * 3,
-        sampling_logprobs=[],
-        version=0,
-        finish_reason="stop",
-        assistant_message={"role": "assistant", "content": "reply"},
-        response={},
-        started_at=1.0,
-        first_token_at=1.0,
-        finished_at=1.0,
-    )
+    return captured_exchange(session, messages, prompt_tokens=[11, 12, 13], completion_tokens=[5, 6, 7])
 
 
 class ReplyJudge:

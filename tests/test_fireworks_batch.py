@@ -21,6 +21,7 @@ from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fireworks_double import BASE_MODEL, FireworksDouble, double_settings
+from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.trainer_loop import TrainerLoop
 from openclaw_cli.types import AdamParams, Datum, ParsedAssistant, SamplingParams, ToolCall, datum_from_completion
 
@@ -146,24 +147,15 @@ def job_id_of(backend: FireworksBackend) -> str:
 
 
 def exchange(session: str, messages: list[dict[str, Any]], prompt: list[int], reply: Any) -> CapturedExchange:
-    return CapturedExchange(
-        api="openai",
-        headers={"x-session-id": session},
-        request={"model": "m", "messages": messages},
-        messages=messages,
-        tools=None,
-        model="m",
+    return captured_exchange(
+        session,
+        messages,
         prompt_tokens=prompt,
         completion_tokens=reply.tokens,
         logprobs=reply.logprobs,
-        sampling_logprobs=[],
         version=reply.version,
         finish_reason=reply.finish_reason,
-        assistant_message={"role": "assistant", "content": reply.text},
-        response={},
-        started_at=1.0,
-        first_token_at=1.0,
-        finished_at=1.0,
+        reply=reply.text,
     )
 
 

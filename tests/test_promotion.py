@@ -19,6 +19,7 @@ from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend
 from openclaw_cli.testing.fake_training import FakeTrainingBackend
+from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.trainer_loop import TrainerLoop
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,25 +62,7 @@ class DownJudge:
 
 def exchange(session: str, text: str, completion: list[int]) -> CapturedExchange:
     messages = [{"role": "user", "content": text}]
-    return CapturedExchange(
-        api="openai",
-        headers={"x-session-id": session},
-        request={"model": "m", "messages": messages},
-        messages=messages,
-        tools=None,
-        model="m",
-        prompt_tokens=[11, 12, 13],
-        completion_tokens=completion,
-        logprobs=[-0.5] * len(completion),
-        sampling_logprobs=[],
-        version=0,
-        finish_reason="stop",
-        assistant_message={"role": "assistant", "content": "reply"},
-        response={},
-        started_at=1.0,
-        first_token_at=1.0,
-        finished_at=1.0,
-    )
+    return captured_exchange(session, messages, prompt_tokens=[11, 12, 13], completion_tokens=completion)
 
 
 class World:

@@ -20,11 +20,11 @@ from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.tinker import SUPPORTED_MODELS, TinkerBackend, model_check
 from openclaw_cli.backends.tinker_shaped import TinkerShapedSdk
 from openclaw_cli.backends.tinker_wire import sdk_datum
-from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.proxy.errors import from_backend_error
 from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
+from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.testing.tinker_double import TinkerDouble, status_error, timeout_error
 from openclaw_cli.trainer_loop import TrainerLoop
 from openclaw_cli.types import AdamParams, SamplingParams, TokenChunk, datum_from_completion
@@ -125,12 +125,14 @@ async def test_trainer_datums_carry_the_stored_tokens_logprobs_and_advantages(
         (call,) = double.calls("forward_backward")
         assert call.args["loss_fn"] == "ppo"
         assert call.args["loss_fn_config"] == pytest.approx(PPO)
+        stored_turns = [store.get_turn(turn_id) for turn_id in turn_ids]
+        trained_tokens = sum(len(t.completion_tokens) for t in stored_turns if t is not None)
         for sent, turn_id, score in zip(call.args["data"], turn_ids, scores, strict=True):
             stored = store.get_turn(turn_id)
             assert stored is not None
             p, c, lp = stored.prompt_tokens, stored.completion_tokens, stored.logprobs
             pad = len(p) - 1
-            advantage = score / (len(c) * 2)  # the token mean per sample, averaged over the 2 samples
+            advantage = score / trained_tokens  # the token-level mean over the batch (train.loss_norm = "token")
             expected = tinker.Datum(
                 model_input=tinker.ModelInput.from_ints(p + c[:-1]),
                 loss_fn_inputs={
@@ -154,25 +156,7 @@ async def test_trainer_datums_carry_the_stored_tokens_logprobs_and_advantages(
 
 
 def exchange(session: str, messages: list[dict[str, Any]], prompt: list[int], tokens: list[int], logprobs: list[float]):
-    return CapturedExchange(
-        api="openai",
-        headers={"x-session-id": session},
-        request={"model": "m", "messages": messages},
-        messages=messages,
-        tools=None,
-        model="m",
-        prompt_tokens=prompt,
-        completion_tokens=tokens,
-        logprobs=logprobs,
-        sampling_logprobs=[],
-        version=0,
-        finish_reason="stop",
-        assistant_message={"role": "assistant", "content": "reply"},
-        response={},
-        started_at=1.0,
-        first_token_at=1.0,
-        finished_at=1.0,
-    )
+    return captured_exchange(session, messages, prompt_tokens=prompt, completion_tokens=tokens, logprobs=logprobs)
 
 
 async def test_weights_are_folded_into_advantages_and_cross_entropy_sends_weights(

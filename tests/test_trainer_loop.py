@@ -16,6 +16,7 @@ from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
+from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, ResumeError, TrainerLoop, list_checkpoints
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, PolicyVersion, StepResult
 
@@ -99,25 +100,7 @@ class RecordingBackend:
 
 
 def exchange(session: str, messages: list[dict[str, Any]], completion: list[int], version: int) -> CapturedExchange:
-    return CapturedExchange(
-        api="openai",
-        headers={"x-session-id": session},
-        request={"model": "m", "messages": messages},
-        messages=messages,
-        tools=None,
-        model="m",
-        prompt_tokens=PROMPT,
-        completion_tokens=completion,
-        logprobs=[-0.5] * len(completion),
-        sampling_logprobs=[],
-        version=version,
-        finish_reason="stop",
-        assistant_message={"role": "assistant", "content": "reply"},
-        response={},
-        started_at=1.0,
-        first_token_at=1.0,
-        finished_at=1.0,
-    )
+    return captured_exchange(session, messages, prompt_tokens=PROMPT, completion_tokens=completion, version=version)
 
 
 class World:

@@ -1,9 +1,11 @@
-"""A ready-made :class:`~openclaw_cli.store.NewTurn` for tests that seed a store directly (no proxy, no model)."""
+"""Ready-made records for tests: a :class:`~openclaw_cli.store.NewTurn` to seed a store directly, and a
+:class:`~openclaw_cli.capture.CapturedExchange` to record through the session capture (no proxy, no model)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.store import NewTurn
 
 
@@ -51,3 +53,39 @@ def new_turn(
     }
     fields.update(overrides)
     return NewTurn(**fields)
+
+
+def captured_exchange(
+    session: str,
+    messages: list[dict[str, Any]],
+    *,
+    prompt_tokens: list[int],
+    completion_tokens: list[int],
+    logprobs: list[float] | None = None,
+    version: int = 0,
+    reply: str = "reply",
+    **overrides: Any,
+) -> CapturedExchange:
+    """One served OpenAI chat reply in session ``session`` (``X-Session-Id``), as the proxy hands it to capture;
+    log-probabilities default to -0.5 per completion token. Any other CapturedExchange field by keyword."""
+    fields: dict[str, Any] = {
+        "api": "openai",
+        "headers": {"x-session-id": session},
+        "request": {"model": "m", "messages": messages},
+        "messages": messages,
+        "tools": None,
+        "model": "m",
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "logprobs": [-0.5] * len(completion_tokens) if logprobs is None else logprobs,
+        "sampling_logprobs": [],
+        "version": version,
+        "finish_reason": "stop",
+        "assistant_message": {"role": "assistant", "content": reply},
+        "response": {},
+        "started_at": 1.0,
+        "first_token_at": 1.0,
+        "finished_at": 1.0,
+    }
+    fields.update(overrides)
+    return CapturedExchange(**fields)
