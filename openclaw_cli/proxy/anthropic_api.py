@@ -24,11 +24,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from openclaw_cli.proxy.anthropic_convert import (
@@ -37,7 +37,6 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_messages,
     to_openai_tools,
 )
-from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
@@ -53,13 +52,12 @@ from openclaw_cli.proxy.constraints import (
     ReplyConstraints,
     Sampled,
     capture_metadata,
-    sample_satisfying,
     schema_error,
 )
-from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, error_body, from_stream_failure
 from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
+from openclaw_cli.proxy.respond import stream_response, whole_reply_response
+from openclaw_cli.proxy.sse import event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece, ToolCallPiece
@@ -242,52 +240,22 @@ async def create_message(request: Request) -> Response:
         default_max_tokens=state.settings.proxy.default_max_tokens,
         max_output_tokens=state.settings.proxy.max_output_tokens,
     )
+    headers = partial(response_headers, req)
     if req.stream and not req.constraints.active:
         stream = await open_stream(state, prepared)
-        return StreamingResponse(
-            _sse(request, state, req, prepared, stream),
-            media_type=SSE_MEDIA_TYPE,
-            headers={**SSE_HEADERS, **response_headers(req, stream.version)},
-            background=BackgroundTask(stream.close),
-        )
-    limits = state.settings.proxy
-    lease = state.lease()
-    sampling = sample_satisfying(
-        state.backend,
+        return stream_response(stream, _sse(request, state, req, prepared, stream), headers)
+    return await whole_reply_response(
+        request,
+        state,
         prepared,
-        1,
-        req.constraints,
-        retries=limits.tool_choice_retries,
-        retry_after_s=limits.retry_after_s,
-        health=state.health,
+        n=1,
+        constraints=req.constraints,
+        stream=req.stream,
+        record=lambda sampled: _recorded_body(request, state, req, prepared, sampled[0]),
+        as_stream=_replay_as_stream,
+        error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
+        headers=headers,
     )
-    if req.stream:  # constrained: the reply is checked whole before it is sent (see buffered_stream.py)
-
-        async def replay(sampled: list[Sampled]) -> tuple[AsyncIterator[bytes], dict[str, str]]:
-            body_out, version = await _recorded_body(request, state, req, prepared, sampled[0])
-            return _replay_as_stream(body_out), response_headers(req, version)
-
-        return await buffered_stream_response(
-            request,
-            sampling,
-            lease=lease,
-            keepalive_s=limits.keepalive_s,
-            # An SSE comment, not Anthropic's ping event: a ping before message_start is out of order for a strict
-            # client, and every SSE parser skips comments.
-            keepalive_frame=KEEPALIVE_COMMENT,
-            replay=replay,
-            error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
-            early_headers=response_headers(req, state.backend.current_version().version),
-            retry_after_s=limits.retry_after_s,
-        )
-    try:
-        (sample,) = await unless_disconnected(request, sampling)
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        lease.release()
-    body_out, version = await _recorded_body(request, state, req, prepared, sample)
-    return JSONResponse(body_out, headers=response_headers(req, version))
 
 
 async def _recorded_body(

@@ -25,15 +25,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from openclaw_cli.backend import ChatTokenizer
-from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
@@ -48,13 +47,12 @@ from openclaw_cli.proxy.constraints import (
     ReplyConstraints,
     Sampled,
     capture_metadata,
-    sample_satisfying,
     schema_error,
 )
-from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError, error_body, from_stream_failure
 from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, data_frame
+from openclaw_cli.proxy.respond import stream_response, whole_reply_response
+from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, data_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece
@@ -362,43 +360,19 @@ async def chat_completions(request: Request) -> Response:
 
 async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
     """The whole reply at once: as JSON, or (a constrained request with stream true) as a stream sent once the reply
-    is known, with keep-alives meanwhile if that takes a while (see buffered_stream.py)."""
-    limits = state.settings.proxy
-    lease = state.lease()
-    sampling = sample_satisfying(
-        state.backend,
+    is known (see openclaw_cli.proxy.respond)."""
+    return await whole_reply_response(
+        request,
+        state,
         prepared,
-        req.n,
-        req.constraints,
-        retries=limits.tool_choice_retries,
-        retry_after_s=limits.retry_after_s,
-        health=state.health,
+        n=req.n,
+        constraints=req.constraints,
+        stream=req.stream,
+        record=lambda sampled: _recorded_body(request, state, req, prepared, sampled),
+        as_stream=partial(_replay_as_stream, req),
+        error_frame=lambda err: data_frame(error_body(err, "openai")),
+        headers=partial(response_headers, req),
     )
-    if req.stream:
-
-        async def replay(sampled: list[Sampled]) -> tuple[AsyncIterator[bytes], dict[str, str]]:
-            body, version = await _recorded_body(request, state, req, prepared, sampled)
-            return _replay_as_stream(req, body), response_headers(req, version)
-
-        return await buffered_stream_response(
-            request,
-            sampling,
-            lease=lease,
-            keepalive_s=limits.keepalive_s,
-            keepalive_frame=KEEPALIVE_COMMENT,
-            replay=replay,
-            error_frame=lambda err: data_frame(error_body(err, "openai")),
-            early_headers=response_headers(req, state.backend.current_version().version),
-            retry_after_s=limits.retry_after_s,
-        )
-    try:
-        sampled = await unless_disconnected(request, sampling)
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        lease.release()
-    body, version = await _recorded_body(request, state, req, prepared, sampled)
-    return JSONResponse(body, headers=response_headers(req, version))
 
 
 async def _recorded_body(
@@ -502,12 +476,7 @@ async def _record(
 
 async def _start_stream(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
     stream = await open_stream(state, prepared, req.n)
-    return StreamingResponse(
-        _sse(request, state, req, prepared, stream),
-        media_type=SSE_MEDIA_TYPE,
-        headers={**SSE_HEADERS, **response_headers(req, stream.version)},
-        background=BackgroundTask(stream.close),  # runs even when the client left before the body started
-    )
+    return stream_response(stream, _sse(request, state, req, prepared, stream), partial(response_headers, req))
 
 
 class _ChoiceStream:

@@ -28,21 +28,20 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
 from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, parser_for, prepare_prompt
-from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata, sample_satisfying
-from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
+from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata
 from openclaw_cli.proxy.errors import ProxyError, from_stream_failure
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.openai_api import parse_constraints, parse_tools
+from openclaw_cli.proxy.respond import stream_response, whole_reply_response
 from openclaw_cli.proxy.response_store import KEEP_RESPONSES
 from openclaw_cli.proxy.responses_convert import (
     CUSTOM_INPUT_KEY,
@@ -297,50 +296,22 @@ async def create_response(request: Request) -> Response:
             media_type=SSE_MEDIA_TYPE,
             headers={**SSE_HEADERS, "x-request-id": req.response_id},
         )
+    headers = partial(response_headers, req)
     if req.stream and not req.constraints.active:
         stream = await open_stream(state, prepared)
-        return StreamingResponse(
-            _sse(request, state, req, prepared, stream),
-            media_type=SSE_MEDIA_TYPE,
-            headers={**SSE_HEADERS, **response_headers(req, stream.version)},
-            background=BackgroundTask(stream.close),
-        )
-    limits = state.settings.proxy
-    lease = state.lease()
-    sampling = sample_satisfying(
-        state.backend,
+        return stream_response(stream, _sse(request, state, req, prepared, stream), headers)
+    return await whole_reply_response(
+        request,
+        state,
         prepared,
-        1,
-        req.constraints,
-        retries=limits.tool_choice_retries,
-        retry_after_s=limits.retry_after_s,
-        health=state.health,
+        n=1,
+        constraints=req.constraints,
+        stream=req.stream,
+        record=lambda sampled: _recorded_body(request, state, req, prepared, sampled[0]),
+        as_stream=partial(_replay_as_stream, req),
+        error_frame=lambda err: _Events(req).frame("response.failed", response=failed_body(req, err)),
+        headers=headers,
     )
-    if req.stream:
-
-        async def replay(sampled: list[Sampled]) -> tuple[AsyncIterator[bytes], dict[str, str]]:
-            body_out, version = await _recorded_body(request, state, req, prepared, sampled[0])
-            return _replay_as_stream(req, body_out), response_headers(req, version)
-
-        return await buffered_stream_response(
-            request,
-            sampling,
-            lease=lease,
-            keepalive_s=limits.keepalive_s,
-            keepalive_frame=KEEPALIVE_COMMENT,
-            replay=replay,
-            error_frame=lambda err: _Events(req).frame("response.failed", response=failed_body(req, err)),
-            early_headers=response_headers(req, state.backend.current_version().version),
-            retry_after_s=limits.retry_after_s,
-        )
-    try:
-        (sample,) = await unless_disconnected(request, sampling)
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        lease.release()
-    body_out, version = await _recorded_body(request, state, req, prepared, sample)
-    return JSONResponse(body_out, headers=response_headers(req, version))
 
 
 async def _recorded_body(
