@@ -6,8 +6,9 @@ Two readouts, each a few forward passes per turn and always a verdict (no ``\\bo
   after "the user was happy with that answer and said:" than after "... unhappy ... and complained:", each prefix
   holding the assistant's reply. The log-likelihood ratio is calibrated by subtracting the same ratio for a
   content-free next state (:data:`NEUTRAL_NEXT_STATE`), which removes the prefixes' own bias ("Calibrate Before
-  Use", Zhao et al. 2021). On a 24-item hand-labelled set (``bench/judge_accuracy.py``) SmolLM2-135M scored this way
-  separates satisfied from correcting next states with AUC 0.85, where asking it "yes or no" directly is at chance
+  Use", Zhao et al. 2021). On the 44 labelled steps of ``tests/data/judge_next_states.jsonl``
+  (``bench/judge_accuracy.py``) SmolLM2-135M scored this way separates satisfied from correcting next states with
+  AUC 0.80 (the logprob readout: 0.57), where asking it "yes or no" directly is at chance
   (AUC 0.47-0.51, it answers "no" to everything) and three sampled chains of thought give almost no parsable vote.
 - **logprob**: the judge's next-token distribution over three verdict words after a short question (one forward
   pass, GenRM-style); for judges strong enough to answer directly (an OpenAI-compatible endpoint returning

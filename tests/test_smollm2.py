@@ -77,3 +77,45 @@ async def test_local_backend_answers_paris() -> None:
     assert result.version == 0 and 0 < len(result.tokens) <= 30
     assert len(result.logprobs) == len(result.tokens)
     assert all(lp <= 0.0 and math.isfinite(lp) for lp in result.logprobs)
+
+
+async def test_the_default_judge_reads_the_labelled_next_states_on_smollm2() -> None:
+    """The policy judging itself (judge.mode auto -> channel, margin 1.0) on tests/data/judge_next_states.jsonl:
+    always a verdict, and the verdicts past the margin mostly right (measured: 24 of 31, AUC 0.80; see
+    bench/judge_accuracy.py). Guards the readout against regressions, not a claim of judge quality."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.judge import JudgeLoop, make_judge_client
+
+    items = [
+        json.loads(line)
+        for line in (Path(__file__).parent / "data" / "judge_next_states.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    assert len(items) >= 40
+    settings = Settings(local={"device": "cpu"})
+    backend = LocalBackend(settings)
+    await backend.start()
+    try:
+        loop = JudgeLoop(None, make_judge_client(settings, backend), settings)  # type: ignore[arg-type]
+        assert loop.mode == "channel"
+        verdicts = []
+        for item in items:
+            if item["label"] == 0:
+                continue
+            turn = SimpleNamespace(
+                messages=[{"role": "user", "content": item["question"]}],
+                assistant_message={"role": "assistant", "content": item["reply"]},
+                next_state=[{"role": item["role"], "content": item["next_state"]}],
+                next_state_role=item["role"],
+            )
+            verdicts.append((item["label"], await loop.judge_turn(turn)))
+    finally:
+        await backend.close()
+    assert all(v.log_odds is not None for _, v in verdicts)  # every step got a verdict
+    scored = [(label, v.score) for label, v in verdicts if v.score != 0]
+    right = sum((score > 0) == (label > 0) for label, score in scored)
+    assert len(scored) >= 25 and right / len(scored) >= 0.7, (right, len(scored))
