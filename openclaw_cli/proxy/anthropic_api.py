@@ -37,7 +37,7 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_messages,
     to_openai_tools,
 )
-from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
+from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned, record_reply
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
@@ -294,36 +294,6 @@ async def _replay_as_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
     yield event_frame("message_stop", {"type": "message_stop"})
 
 
-async def _record(
-    request: Request,
-    state: ProxyState,
-    req: MessagesRequest,
-    prepared: PreparedPrompt,
-    result: SampleResult,
-    finish: str,
-    message: Message,
-    response: dict[str, Any],
-    stream: bool,
-    extra: dict[str, Any] | None = None,
-) -> None:
-    exchange = build_exchange(
-        api="anthropic",
-        request=request,
-        body=req.body,
-        model=req.model,
-        prepared=prepared,
-        result=result,
-        finish_reason=finish,
-        message=message,
-        response=response,
-        started_at=req.started_at,
-        stream=stream,
-        request_id=req.message_id,
-        extra_metadata=extra,
-    )
-    await state.recorder.record(exchange)
-
-
 class _Blocks:
     """Tracks the open content block of a streamed message and writes the start/stop events around deltas."""
 
@@ -457,7 +427,20 @@ async def _finish(
         req, content_blocks(received, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
     )
     message = assistant_message(received, calls)
-    await _record(request, state, req, prepared, result, str(stop[0]), message, body, stream, extra)
+    await record_reply(
+        state.recorder,
+        api="anthropic",
+        request=request,
+        call=req,
+        request_id=req.message_id,
+        prepared=prepared,
+        result=result,
+        finish_reason=str(stop[0]),
+        message=message,
+        response=body,
+        stream=stream,
+        extra=extra,
+    )
     return body
 
 

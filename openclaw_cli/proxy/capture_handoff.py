@@ -233,6 +233,42 @@ class StreamedCall(Protocol):
     started_at: float
 
 
+async def record_reply(
+    recorder: CaptureRecorder,
+    *,
+    api: ApiKind,
+    request: Request,
+    call: StreamedCall,
+    request_id: str,
+    prepared: PreparedPrompt,
+    result: SampleResult,
+    finish_reason: str,
+    message: Message,
+    response: dict[str, Any],
+    stream: bool,
+    choice_index: int = 0,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Record one finished reply (every API, streamed or not) before the client gets its end."""
+    exchange = build_exchange(
+        api=api,
+        request=request,
+        body=call.body,
+        model=call.model,
+        prepared=prepared,
+        result=result,
+        finish_reason=finish_reason,
+        message=message,
+        response=response,
+        started_at=call.started_at,
+        stream=stream,
+        choice_index=choice_index,
+        request_id=request_id,
+        extra_metadata=extra,
+    )
+    await recorder.record(exchange)
+
+
 def record_abandoned(
     *,
     api: ApiKind,

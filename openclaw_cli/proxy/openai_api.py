@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from openclaw_cli.backend import ChatTokenizer
-from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
+from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned, record_reply
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
@@ -396,17 +396,19 @@ async def _recorded_body(
         single = completion_body(
             req, result.version, [choices[i]], usage(len(prepared.prompt_tokens), len(result.tokens))
         )
-        await _record(
-            request,
-            state,
-            req,
-            prepared,
-            result,
-            finishes[i],
-            messages[i],
-            single,
+        await record_reply(
+            state.recorder,
+            api="openai",
+            request=request,
+            call=req,
+            request_id=req.request_id,
+            prepared=prepared,
+            result=result,
+            finish_reason=finishes[i],
+            message=messages[i],
+            response=single,
             stream=req.stream,
-            index=i,
+            choice_index=i,
             extra=capture_metadata(req.constraints, sample),
         )
     return body, version
@@ -439,39 +441,6 @@ async def _replay_as_stream(req: ChatRequest, body: dict[str, Any]) -> AsyncIter
     if req.include_usage:
         yield data_frame({**base, "choices": [], "usage": body["usage"]})
     yield DONE_FRAME
-
-
-async def _record(
-    request: Request,
-    state: ProxyState,
-    req: ChatRequest,
-    prepared: PreparedPrompt,
-    result: SampleResult,
-    finish: str,
-    message: Message,
-    response: dict[str, Any],
-    *,
-    stream: bool,
-    index: int,
-    extra: dict[str, Any] | None = None,
-) -> None:
-    exchange = build_exchange(
-        api="openai",
-        request=request,
-        body=req.body,
-        model=req.model,
-        prepared=prepared,
-        result=result,
-        finish_reason=finish,
-        message=message,
-        response=response,
-        started_at=req.started_at,
-        stream=stream,
-        choice_index=index,
-        request_id=req.request_id,
-        extra_metadata=extra,
-    )
-    await state.recorder.record(exchange)
 
 
 async def _start_stream(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
@@ -616,7 +585,20 @@ async def _record_streamed(
     lp = {"content": logprob_entries(tokenizer, result, req.top_logprobs)} if req.logprobs else None
     choice = {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
     single = completion_body(req, result.version, [choice], usage(len(prepared.prompt_tokens), len(result.tokens)))
-    await _record(request, state, req, prepared, result, finish, message, single, stream=True, index=index)
+    await record_reply(
+        state.recorder,
+        api="openai",
+        request=request,
+        call=req,
+        request_id=req.request_id,
+        prepared=prepared,
+        result=result,
+        finish_reason=finish,
+        message=message,
+        response=single,
+        stream=True,
+        choice_index=index,
+    )
 
 
 def _usage_chunk_base(req: ChatRequest, version: int) -> dict[str, Any]:

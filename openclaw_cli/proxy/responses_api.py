@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.proxy.capture_handoff import PartialReply, build_exchange, record_abandoned
+from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned, record_reply
 from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, parser_for, prepare_prompt
 from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata
 from openclaw_cli.proxy.errors import ProxyError, from_stream_failure
@@ -355,22 +355,20 @@ async def _finish(
         incomplete=incomplete,
     )
     message = assistant_message(received)
-    exchange = build_exchange(
+    await record_reply(
+        state.recorder,
         api="responses",
         request=request,
-        body=req.body,
-        model=req.model,
+        call=req,
+        request_id=req.response_id,
         prepared=prepared,
         result=result,
         finish_reason="tool_calls" if received.tool_calls else ("length" if incomplete else "stop"),
         message=message,
         response=body,
-        started_at=req.started_at,
         stream=stream,
-        request_id=req.response_id,
-        extra_metadata=extra,
+        extra=extra,
     )
-    await state.recorder.record(exchange)
     if req.store:
         state.responses.put(req.response_id, [*prepared.messages, message])
     return body
