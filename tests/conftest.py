@@ -27,3 +27,27 @@ def tiny_tokenizer(tiny_model_dir: Path):
     from openclaw_cli.tokenizer import HFChatTokenizer
 
     return HFChatTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def make_proxy(tiny_tokenizer):
+    """``make_proxy(*replies, settings=, backend=, sink=, token_delay_s=)``: the proxy over a FakeBackend that
+    answers with ``replies`` in order, on a loopback port, capturing into a MemorySink unless given a sink; every
+    server started is stopped after the test."""
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.settings import Settings
+    from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink
+    from openclaw_cli.testing.loopback_proxy import LoopbackProxy
+
+    servers = []
+
+    def make(*replies, settings=None, backend=None, sink=None, token_delay_s: float = 0.0) -> LoopbackProxy:
+        backend = backend or FakeBackend(tiny_tokenizer, replies, token_delay_s=token_delay_s)
+        sink = MemorySink() if sink is None else sink
+        server = BackgroundServer(create_app(backend, sink, settings or Settings())).start()
+        servers.append(server)
+        return LoopbackProxy(backend, sink, server)
+
+    yield make
+    for server in servers:
+        server.stop()

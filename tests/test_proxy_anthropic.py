@@ -6,18 +6,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import anthropic
 import httpx
-import pytest
 
-from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.anthropic_convert import to_openai_messages, to_openai_tools
 from openclaw_cli.settings import Settings
-from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink, ScriptedReply
+from openclaw_cli.testing.fake_backend import ScriptedReply
+from openclaw_cli.testing.loopback_proxy import LoopbackProxy as Proxy
 
 CALCULATOR = {
     "name": "calculator",
@@ -38,40 +34,6 @@ CALL_TEXT = (
 THINK_CALL_TEXT = "<think>\nUse the tool.\n</think>\n\n" + CALL_TEXT
 USER = [{"role": "user", "content": "What is 2 + 3 * 4?"}]
 FRAME = re.compile(rb"event: ([a-z_]+)\ndata: (\{.*\})")
-
-
-@dataclass
-class Proxy:
-    backend: FakeBackend
-    sink: MemorySink
-    server: BackgroundServer
-
-    @property
-    def url(self) -> str:
-        return self.server.base_url
-
-    def client(self, **kwargs: Any) -> anthropic.Anthropic:
-        kwargs.setdefault("api_key", "sk-ant-test-secret")
-        return anthropic.Anthropic(base_url=self.url, max_retries=0, **kwargs)
-
-    def async_client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(base_url=self.url, api_key="sk-ant-test-secret", max_retries=0)
-
-
-@pytest.fixture
-def make_proxy(tiny_tokenizer) -> Iterator[Callable[..., Proxy]]:
-    servers: list[BackgroundServer] = []
-
-    def make(*replies: str | ScriptedReply, token_delay_s: float = 0.0, settings: Settings | None = None) -> Proxy:
-        backend = FakeBackend(tiny_tokenizer, replies, token_delay_s=token_delay_s)
-        sink = MemorySink()
-        server = BackgroundServer(create_app(backend, sink, settings or Settings())).start()
-        servers.append(server)
-        return Proxy(backend, sink, server)
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def frames(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -101,7 +63,7 @@ def post_stream(proxy: Proxy, body: dict[str, Any], path: str = "/v1/messages") 
 def test_plain_message_usage_and_capture(make_proxy, tiny_tokenizer):
     text = "The capital of France is Paris."
     proxy = make_proxy(text)
-    reply = proxy.client().messages.create(
+    reply = proxy.anthropic().messages.create(
         model="openclaw",
         max_tokens=64,
         system="Be brief.",
@@ -134,7 +96,7 @@ def test_plain_message_usage_and_capture(make_proxy, tiny_tokenizer):
 
 def test_tool_use_round_trip(make_proxy, tiny_tokenizer):
     proxy = make_proxy(THINK_CALL_TEXT, "It is 14.")
-    client = proxy.client()
+    client = proxy.anthropic()
     first = client.messages.create(model="openclaw", max_tokens=200, messages=USER, tools=[CALCULATOR])
     assert first.stop_reason == "tool_use"
     thinking, text, tool_use = first.content
@@ -174,7 +136,7 @@ def test_tool_use_round_trip(make_proxy, tiny_tokenizer):
 
 def test_stop_sequence_and_max_tokens(make_proxy, tiny_tokenizer):
     proxy = make_proxy("The capital of France is Paris. Thank you!", "Hello! How can I help you today?")
-    client = proxy.client()
+    client = proxy.anthropic()
     stopped = client.messages.create(model="openclaw", max_tokens=64, messages=USER, stop_sequences=["Paris"])
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "Paris")
     assert stopped.content[0].text == "The capital of France is "
@@ -186,7 +148,7 @@ def test_stop_sequence_and_max_tokens(make_proxy, tiny_tokenizer):
 
 def test_count_tokens_matches_the_rendered_prompt(make_proxy, tiny_tokenizer):
     proxy = make_proxy()
-    counted = proxy.client().messages.count_tokens(
+    counted = proxy.anthropic().messages.count_tokens(
         model="openclaw", system="Be brief.", messages=USER, tools=[CALCULATOR]
     )
     expected = tiny_tokenizer.render([{"role": "system", "content": "Be brief."}, *USER], [CALCULATOR_OPENAI])
@@ -243,7 +205,7 @@ def test_claude_code_style_request_is_tolerated(make_proxy, tiny_tokenizer):
     assert "authorization" not in ex.headers
 
     # The SDK with an auth token (Claude Code's ANTHROPIC_AUTH_TOKEN) and the haiku slot set to openclaw-side.
-    client = proxy.client(api_key=None, auth_token=key)
+    client = proxy.anthropic(api_key=None, auth_token=key)
     assert "openclaw-side" in [m.id for m in client.models.list()]
     client.messages.create(model="openclaw-side", max_tokens=20, messages=USER)
     assert proxy.sink.exchanges[-1].metadata["turn_type"] == "side"
@@ -308,7 +270,7 @@ def test_stream_event_sequence_and_frames(make_proxy, tiny_tokenizer):
 def test_sdk_stream_matches_non_stream(make_proxy):
     text = "Please answer briefly and politely. Thank you very much!"
     proxy = make_proxy(text, text)
-    client = proxy.client()
+    client = proxy.anthropic()
     plain = client.messages.create(model="openclaw", max_tokens=100, messages=USER)
     with client.messages.stream(model="openclaw", max_tokens=100, messages=USER) as stream:
         pieces = list(stream.text_stream)
@@ -323,7 +285,7 @@ def test_sdk_stream_matches_non_stream(make_proxy):
 
 def test_sdk_stream_tool_use(make_proxy):
     proxy = make_proxy(CALL_TEXT)
-    with proxy.client().messages.stream(model="openclaw", max_tokens=100, messages=USER, tools=[CALCULATOR]) as s:
+    with proxy.anthropic().messages.stream(model="openclaw", max_tokens=100, messages=USER, tools=[CALCULATOR]) as s:
         final = s.get_final_message()
     assert final.stop_reason == "tool_use"
     assert [b.type for b in final.content] == ["text", "tool_use"]
@@ -336,7 +298,7 @@ async def test_async_stream_is_incremental(make_proxy):
     arrivals: list[float] = []
     received = ""
     async with (
-        proxy.async_client() as client,
+        proxy.async_anthropic() as client,
         client.messages.stream(model="openclaw", max_tokens=100, messages=USER) as stream,
     ):
         async for piece in stream.text_stream:
@@ -350,7 +312,7 @@ async def test_async_stream_is_incremental(make_proxy):
 
 async def test_async_create(make_proxy):
     proxy = make_proxy("Hi!")
-    async with proxy.async_client() as client:
+    async with proxy.async_anthropic() as client:
         reply = await client.messages.create(model="openclaw", max_tokens=10, messages=USER)
     assert reply.content[0].text == "Hi!"
 
@@ -427,5 +389,5 @@ def test_pings_while_the_backend_is_quiet(make_proxy):
     proxy = make_proxy("Slow.", "Slow.", token_delay_s=0.25, settings=Settings(proxy={"keepalive_s": 0.05}))
     names = [name for name, _ in frames(post_stream(proxy, {"model": "openclaw", "max_tokens": 10, "messages": USER}))]
     assert names.count("ping") >= 4 and names[-1] == "message_stop"
-    with proxy.client().messages.stream(model="openclaw", max_tokens=10, messages=USER) as stream:
+    with proxy.anthropic().messages.stream(model="openclaw", max_tokens=10, messages=USER) as stream:
         assert "".join(stream.text_stream) == "Slow."

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -26,47 +25,6 @@ USER = [{"role": "user", "content": "Hello"}]
 OPENAI_OK = {"model": "openclaw", "messages": USER}
 ANTHROPIC_OK = {"model": "openclaw", "max_tokens": 16, "messages": USER}
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
-
-
-@dataclass
-class Proxy:
-    backend: FakeBackend
-    sink: MemorySink
-    server: BackgroundServer
-
-    @property
-    def url(self) -> str:
-        return self.server.base_url
-
-    def post(self, path: str, body: Any, **kwargs: Any) -> httpx.Response:
-        if isinstance(body, bytes):
-            return httpx.post(self.url + path, content=body, timeout=30, **kwargs)
-        return httpx.post(self.url + path, json=body, timeout=30, **kwargs)
-
-    def status(self, **kwargs: Any) -> dict[str, Any]:
-        return httpx.get(self.url + "/v1/openclaw/status", timeout=10, **kwargs).json()
-
-
-@pytest.fixture
-def make_proxy(tiny_tokenizer) -> Iterator[Callable[..., Proxy]]:
-    servers: list[BackgroundServer] = []
-
-    def make(
-        *replies: str | ScriptedReply,
-        settings: Settings | None = None,
-        backend: FakeBackend | None = None,
-        sink: MemorySink | None = None,
-        token_delay_s: float = 0.0,
-    ) -> Proxy:
-        backend = backend or FakeBackend(tiny_tokenizer, replies, token_delay_s=token_delay_s)
-        sink = sink or MemorySink()
-        server = BackgroundServer(create_app(backend, sink, settings or Settings())).start()
-        servers.append(server)
-        return Proxy(backend, sink, server)
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def assert_openai_error(resp: httpx.Response, status: int, *, param: str | None = None, code: str | None = None) -> str:

@@ -12,8 +12,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.settings import Settings
-from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink, ScriptedReply, fake_logprob
+from openclaw_cli.testing.fake_backend import MemorySink, fake_logprob
 from openclaw_cli.tokenizer import parse_assistant_text
 
 CALCULATOR = {
@@ -47,48 +46,13 @@ CALL_TEXT = (
 USER = [{"role": "user", "content": "What is 2 + 3 * 4?"}]
 
 
-@dataclass
-class Proxy:
-    backend: FakeBackend
-    sink: MemorySink
-    server: BackgroundServer
-
-    @property
-    def url(self) -> str:
-        return self.server.base_url
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="sk-test-secret", max_retries=0)
-
-    def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="sk-test-secret", max_retries=0)
-
-
-@pytest.fixture
-def make_proxy(tiny_tokenizer) -> Iterator[Callable[..., Proxy]]:
-    servers: list[BackgroundServer] = []
-
-    def make(
-        *replies: str | ScriptedReply, token_delay_s: float = 0.0, settings: Settings | None = None, sink: Any = None
-    ) -> Proxy:
-        backend = FakeBackend(tiny_tokenizer, replies, token_delay_s=token_delay_s)
-        sink = MemorySink() if sink is None else sink
-        server = BackgroundServer(create_app(backend, sink, settings or Settings())).start()
-        servers.append(server)
-        return Proxy(backend, sink, server)
-
-    yield make
-    for server in servers:
-        server.stop()
-
-
 # -- non-streamed ----------------------------------------------------------------------------------------------
 
 
 def test_plain_reply_usage_and_capture(make_proxy, tiny_tokenizer):
     text = "The capital of France is Paris."
     proxy = make_proxy(text)
-    reply = proxy.client().chat.completions.create(model="openclaw", messages=USER, temperature=0.5, seed=7)
+    reply = proxy.openai().chat.completions.create(model="openclaw", messages=USER, temperature=0.5, seed=7)
 
     assert reply.choices[0].message.content == text
     assert reply.choices[0].finish_reason == "stop"
@@ -119,7 +83,7 @@ def test_plain_reply_usage_and_capture(make_proxy, tiny_tokenizer):
 
 def test_tool_call_round_trip(make_proxy, tiny_tokenizer):
     proxy = make_proxy(CALL_TEXT, "2 + 3 * 4 = 14.")
-    client = proxy.client()
+    client = proxy.openai()
     first = client.chat.completions.create(model="openclaw", messages=USER, tools=[CALCULATOR])
 
     choice = first.choices[0]
@@ -152,7 +116,7 @@ def test_tool_call_round_trip(make_proxy, tiny_tokenizer):
 
 def test_tool_choice_none_hides_tools(make_proxy, tiny_tokenizer):
     proxy = make_proxy(CALL_TEXT)
-    reply = proxy.client().chat.completions.create(
+    reply = proxy.openai().chat.completions.create(
         model="openclaw", messages=USER, tools=[CALCULATOR], tool_choice="none"
     )
     # No tools offered: the markup is ordinary text and nothing is parsed out of it.
@@ -163,7 +127,7 @@ def test_tool_choice_none_hides_tools(make_proxy, tiny_tokenizer):
 
 def test_reasoning_is_split_out(make_proxy):
     proxy = make_proxy("<think>\nThe user wants a greeting.\n</think>\n\nHello!")
-    message = proxy.client().chat.completions.create(model="openclaw", messages=USER).choices[0].message
+    message = proxy.openai().chat.completions.create(model="openclaw", messages=USER).choices[0].message
     assert message.content == "Hello!"
     assert message.model_extra["reasoning_content"] == "The user wants a greeting."
     assert proxy.sink.exchanges[0].assistant_message["reasoning_content"] == "The user wants a greeting."
@@ -171,7 +135,7 @@ def test_reasoning_is_split_out(make_proxy):
 
 def test_stop_sequence_and_length(make_proxy, tiny_tokenizer):
     proxy = make_proxy("The capital of France is Paris. Thank you!", "Hello! How can I help you today?")
-    client = proxy.client()
+    client = proxy.openai()
     stopped = client.chat.completions.create(model="openclaw", messages=USER, stop=["Paris"])
     assert stopped.choices[0].message.content == "The capital of France is "
     assert stopped.choices[0].finish_reason == "stop"
@@ -188,7 +152,7 @@ def test_stop_sequence_and_length(make_proxy, tiny_tokenizer):
 def test_logprobs_report_the_backends_top_alternatives(make_proxy, tiny_tokenizer):
     text = "Hello! How can I help you today?"
     proxy = make_proxy(text, text)
-    client = proxy.client()
+    client = proxy.openai()
     reply = client.chat.completions.create(model="openclaw", messages=USER, logprobs=True, top_logprobs=3)
     entries = reply.choices[0].logprobs.content
     ids = tiny_tokenizer.encode(text)  # the stop token is not reported
@@ -228,7 +192,7 @@ def test_real_tiny_model_top_logprobs_are_the_samplers_distribution(local_proxy,
 
 def test_n_choices_each_recorded(make_proxy):
     proxy = make_proxy("First answer.", "Second answer.")
-    reply = proxy.client().chat.completions.create(model="openclaw", messages=USER, n=2, seed=10)
+    reply = proxy.openai().chat.completions.create(model="openclaw", messages=USER, n=2, seed=10)
     assert sorted(c.message.content for c in reply.choices) == ["First answer.", "Second answer."]
     assert [c.index for c in reply.choices] == [0, 1]
     assert sorted(call.params.seed for call in proxy.backend.calls) == [10, 11]
@@ -237,7 +201,7 @@ def test_n_choices_each_recorded(make_proxy):
 
 def test_side_model_marks_the_turn(make_proxy):
     proxy = make_proxy("A title.")
-    proxy.client().chat.completions.create(model="openclaw-side", messages=USER)
+    proxy.openai().chat.completions.create(model="openclaw-side", messages=USER)
     (ex,) = proxy.sink.exchanges
     assert ex.model == "openclaw-side" and ex.metadata["turn_type"] == "side"
 
@@ -248,7 +212,7 @@ def test_developer_role_and_content_parts(make_proxy, tiny_tokenizer):
         {"role": "developer", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
     ]
-    proxy.client().chat.completions.create(model="openclaw", messages=messages)
+    proxy.openai().chat.completions.create(model="openclaw", messages=messages)
     expected = [{"role": "system", "content": "Be brief."}, messages[1]]
     assert proxy.backend.calls[0].prompt_tokens == tiny_tokenizer.render(expected)
     assert proxy.sink.exchanges[0].messages == expected
@@ -261,7 +225,7 @@ def test_stream_text_usage_and_capture(make_proxy, tiny_tokenizer):
     text = "Please answer briefly and politely. Thank you very much!"
     proxy = make_proxy(text)
     chunks = list(
-        proxy.client().chat.completions.create(
+        proxy.openai().chat.completions.create(
             model="openclaw", messages=USER, stream=True, stream_options={"include_usage": True}
         )
     )
@@ -283,7 +247,7 @@ def test_stream_text_usage_and_capture(make_proxy, tiny_tokenizer):
 
 def test_stream_tool_call_deltas(make_proxy, tiny_tokenizer):
     proxy = make_proxy(CALL_TEXT)
-    stream = proxy.client().chat.completions.create(model="openclaw", messages=USER, tools=[CALCULATOR], stream=True)
+    stream = proxy.openai().chat.completions.create(model="openclaw", messages=USER, tools=[CALCULATOR], stream=True)
     content, calls, finishes = "", [], []
     for chunk in stream:
         delta = chunk.choices[0].delta
@@ -309,7 +273,7 @@ def test_stream_tool_call_deltas(make_proxy, tiny_tokenizer):
 def test_stream_reasoning_content(make_proxy):
     proxy = make_proxy("<think>\nCount the letters.\n</think>\n\nThree.")
     reasoning, content = "", ""
-    for chunk in proxy.client().chat.completions.create(model="openclaw", messages=USER, stream=True):
+    for chunk in proxy.openai().chat.completions.create(model="openclaw", messages=USER, stream=True):
         delta = chunk.choices[0].delta
         reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
         content += delta.content or ""
@@ -338,7 +302,7 @@ async def test_async_stream_is_incremental(make_proxy):
     text = "Zebras quietly juggle violet kumquats near Oxford, 7 times."  # far from the BPE corpus: many tokens
     proxy = make_proxy(text, token_delay_s=0.04)
     arrivals: list[tuple[float, str]] = []
-    async with proxy.async_client() as client:
+    async with proxy.async_openai() as client:
         stream = await client.chat.completions.create(model="openclaw", messages=USER, stream=True)
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -353,7 +317,7 @@ async def test_async_stream_is_incremental(make_proxy):
 
 async def test_async_non_stream_tool_call(make_proxy):
     proxy = make_proxy(CALL_TEXT)
-    async with proxy.async_client() as client:
+    async with proxy.async_openai() as client:
         reply = await client.chat.completions.create(model="openclaw", messages=USER, tools=[CALCULATOR])
     assert reply.choices[0].message.tool_calls[0].function.name == "calculator"
     assert len(proxy.sink.exchanges) == 1
@@ -361,7 +325,7 @@ async def test_async_non_stream_tool_call(make_proxy):
 
 def test_stream_n2_and_logprobs(make_proxy, tiny_tokenizer):
     proxy = make_proxy("Alpha beta.", "Gamma delta.", token_delay_s=0.005)
-    stream = proxy.client().chat.completions.create(
+    stream = proxy.openai().chat.completions.create(
         model="openclaw", messages=USER, stream=True, n=2, logprobs=True, stream_options={"include_usage": True}
     )
     texts, logprobs = {0: "", 1: ""}, {0: [], 1: []}
@@ -388,7 +352,7 @@ def test_stream_n2_and_logprobs(make_proxy, tiny_tokenizer):
 
 def test_models_status_and_session_end(make_proxy):
     proxy = make_proxy("ok", settings=Settings(proxy={"model_aliases": ["gpt-4o-mini"]}))
-    client = proxy.client()
+    client = proxy.openai()
     names = [m.id for m in client.models.list()]
     assert names == ["openclaw-policy", "openclaw", "openclaw-side", "gpt-4o-mini"]
     assert client.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"
@@ -407,7 +371,7 @@ def test_models_status_and_session_end(make_proxy):
 
 def test_policy_version_is_reported_and_stored(make_proxy):
     proxy = make_proxy("one", "two")
-    client = proxy.client()
+    client = proxy.openai()
     client.chat.completions.create(model="openclaw", messages=USER)
     asyncio.run(proxy.backend.publish("after-training"))
     raw = client.chat.completions.with_raw_response.create(model="openclaw", messages=USER)
@@ -427,7 +391,7 @@ def test_real_session_capture_pairs_turns(make_proxy, tmp_path):
     store = store_mod.Store(tmp_path / "store.sqlite3")
     try:
         proxy = make_proxy(CALL_TEXT, "It is 14.", sink=sessions.SessionCapture(store, Settings()))
-        client = proxy.client()
+        client = proxy.openai()
         stream = client.chat.completions.create(model="openclaw", messages=USER, tools=[CALCULATOR], stream=True)
         content, calls = "", []
         for chunk in stream:
@@ -582,5 +546,5 @@ def test_keepalive_comments_while_the_backend_is_quiet(make_proxy):
         raw = b"".join(resp.iter_bytes())
     assert raw.count(b": keepalive\n\n") >= 3
     proxy.backend.queue("Slow.")
-    stream = proxy.client().chat.completions.create(model="openclaw", messages=USER, stream=True)
+    stream = proxy.openai().chat.completions.create(model="openclaw", messages=USER, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == "Slow."

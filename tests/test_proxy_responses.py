@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.responses_convert import to_chat_messages
-from openclaw_cli.settings import Settings
-from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink, fake_logprob
+from openclaw_cli.testing.fake_backend import fake_logprob
+from openclaw_cli.testing.loopback_proxy import LoopbackProxy as Proxy
 
 CALCULATOR = {
     "type": "function",
@@ -31,33 +30,9 @@ CALL_TEXT = (
 QUESTION = "What is 2 + 3 * 4?"
 
 
-class Proxy:
-    def __init__(self, backend: FakeBackend, sink: MemorySink, server: BackgroundServer) -> None:
-        self.backend, self.sink, self.server = backend, sink, server
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.server.base_url + "/v1", api_key="sk-test", max_retries=0)
-
-
-@pytest.fixture
-def make_proxy(tiny_tokenizer: Any) -> Iterator[Callable[..., Proxy]]:
-    servers: list[BackgroundServer] = []
-
-    def make(*replies: str, settings: Settings | None = None) -> Proxy:
-        backend = FakeBackend(tiny_tokenizer, replies)
-        sink = MemorySink()
-        server = BackgroundServer(create_app(backend, sink, settings or Settings())).start()
-        servers.append(server)
-        return Proxy(backend, sink, server)
-
-    yield make
-    for server in servers:
-        server.stop()
-
-
 def test_plain_response_text_usage_and_capture(make_proxy: Callable[..., Proxy], tiny_tokenizer: Any) -> None:
     proxy = make_proxy("Paris.")
-    response = proxy.client().responses.create(
+    response = proxy.openai().responses.create(
         model="openclaw", instructions="Be brief.", input="Capital of France?", max_output_tokens=50, store=False
     )
     assert response.output_text == "Paris."
@@ -76,7 +51,7 @@ def test_plain_response_text_usage_and_capture(make_proxy: Callable[..., Proxy],
 
 def test_function_tool_round_trip_non_streamed(make_proxy: Callable[..., Proxy], tiny_tokenizer: Any) -> None:
     proxy = make_proxy(CALL_TEXT, "It is 14.")
-    client = proxy.client()
+    client = proxy.openai()
     first = client.responses.create(model="openclaw", input=QUESTION, tools=[CALCULATOR], store=False)
     message, call = first.output
     assert message.type == "message" and message.content[0].text == "I will compute it."
@@ -105,7 +80,7 @@ def test_function_tool_round_trip_non_streamed(make_proxy: Callable[..., Proxy],
 
 def test_streamed_event_sequence_as_codex_parses_it(make_proxy: Callable[..., Proxy], tiny_tokenizer: Any) -> None:
     proxy = make_proxy(CALL_TEXT)
-    with proxy.client().responses.create(
+    with proxy.openai().responses.create(
         model="openclaw", input=QUESTION, tools=[CALCULATOR], stream=True, store=False
     ) as stream:
         events = list(stream)
@@ -131,7 +106,7 @@ def test_previous_response_id_continues_a_stored_response(
     make_proxy: Callable[..., Proxy], tiny_tokenizer: Any
 ) -> None:
     proxy = make_proxy("Paris.", "About 2.1 million.")
-    client = proxy.client()
+    client = proxy.openai()
     first = client.responses.create(model="openclaw", input="Capital of France?")
     second = client.responses.create(model="openclaw", input="Its population?", previous_response_id=first.id)
     assert second.output_text == "About 2.1 million."
@@ -148,7 +123,7 @@ def test_previous_response_id_continues_a_stored_response(
 
 def test_context_overflow_is_a_400_or_response_failed_on_a_stream(make_proxy: Callable[..., Proxy]) -> None:
     proxy = make_proxy()
-    client = proxy.client()
+    client = proxy.openai()
     huge = "word " * 5000  # far beyond the tiny model's context
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="openclaw", input=huge)
