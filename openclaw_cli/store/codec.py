@@ -21,11 +21,7 @@ def pack_ints(values: Sequence[int]) -> bytes:
 
 
 def unpack_ints(blob: bytes) -> list[int]:
-    data = array("i")
-    data.frombytes(blob)
-    if not _LITTLE:  # pragma: no cover
-        data.byteswap()
-    return data.tolist()
+    return _unpack(blob, "i")
 
 
 def pack_floats(values: Sequence[float]) -> bytes:
@@ -34,7 +30,11 @@ def pack_floats(values: Sequence[float]) -> bytes:
 
 
 def unpack_floats(blob: bytes) -> list[float]:
-    data = array("d")
+    return _unpack(blob, "d")
+
+
+def _unpack(blob: bytes, typecode: str) -> list[Any]:
+    data = array(typecode)
     data.frombytes(blob)
     if not _LITTLE:  # pragma: no cover
         data.byteswap()
