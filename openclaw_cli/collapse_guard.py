@@ -40,7 +40,7 @@ PROBE_PROMPTS = (
     "What do bees make?",
 )
 PROBE_SYSTEM = "You are a helpful assistant."
-PROBE_MAX_TOKENS = 64  # a reply that starts well and then loops shows it only after 30-odd tokens
+PROBE_MAX_TOKENS = 32  # the measured learning runs used 32; longer probes would see late looping but cost each step
 PROBE_SEED = 1234
 MIN_WORDS = 2
 _DISTINCT_MIN_WORDS = 8  # shorter replies are too short for a distinct-word ratio to mean anything

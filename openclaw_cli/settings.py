@@ -64,12 +64,12 @@ class JudgeSettings(_Section):
         "(see next_state_hints); auto = the judge's hint when it wrote one, else next_state.",
     )
     next_state_hints: Literal["every", "unhappy"] = Field(
-        "unhappy",
-        description="Which user replies become OPD hints: unhappy = where the judge's score is <= 0 (a correction, "
-        "or a verdict under judge.margin); every = all of them. An approving reply often carries the next request "
-        "('thanks; now ...'), and a teacher told it objects to the good reply it follows (measured on "
-        "bench/learning.py, 7 min, seed 0, SmolLM2: held-out replies 30% shorter with unhappy; hints exactly on the "
-        "corrections, the scripted control, 56%).",
+        "every",
+        description="Which user replies become OPD hints: every = all of them; unhappy = where the judge's score is "
+        "<= 0 (a correction, or a verdict under judge.margin). every by default: on bench/learning.py (SmolLM2, 20 "
+        "min, 3 seeds) it measured 26/32/36% shorter held-out replies, unhappy (with train.loss_norm = token) "
+        "15/34/15%; the small judge reads some corrections as approval. unhappy avoids hinting an approval that "
+        "carries the next request ('thanks; now ...'), which a teacher told it holds against the good reply.",
     )
     votes: int = Field(3, ge=1, le=15, description="vote mode: PRM votes per turn (majority; tie or none -> 0).")
     temperature: float = Field(0.6, ge=0.0, le=2.0, description="vote mode: sampling temperature of the judge.")
@@ -92,11 +92,12 @@ class TrainSettings(_Section):
         "10 minutes, 5e-4 flattened the policy into noise.",
     )
     batch_size: int = Field(4, ge=1, le=4096, description="Judged samples per optimizer step.")
-    loss_norm: Literal["token", "sample"] = Field(
-        "token",
-        description="How a step averages the per-token loss: token = over all trained tokens of the batch; sample = "
-        "per-sample token mean, then the mean over samples (weighs each token of a long reply less, so the "
-        "objections to an over-long reply are diluted by its length).",
+    loss_norm: Literal["sample", "token"] = Field(
+        "sample",
+        description="How a step averages the per-token loss: sample = per-sample token mean, then the mean over "
+        "samples; token = over all trained tokens of the batch (a long reply's tokens weigh as much as a short "
+        "one's). sample by default: the 20-minute bench/learning.py run with token (and next_state_hints = "
+        "unhappy) measured worse (held-out 15/34/15% shorter on 3 seeds against 26/32/36%); see docs/learning.md.",
     )
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)

@@ -103,8 +103,7 @@ def test_build_datums_per_sample_mean_scaling_and_filters() -> None:
 
 
 def test_build_datums_token_level_mean_weighs_every_token_the_same() -> None:
-    train = TrainSettings(max_staleness=2)
-    assert train.loss_norm == "token"
+    train = TrainSettings(max_staleness=2, loss_norm="token")
     samples = [_sample(1, 1, n=2), _sample(2, -1, n=4), _sample(3, 0), _sample(4, 1, version=0)]
     datums, ids = build_datums(samples, "rl", train, current_version=2)
     assert ids == [1, 2, 4]

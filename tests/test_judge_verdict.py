@@ -72,8 +72,7 @@ async def test_channel_verdict_is_the_calibrated_log_odds_through_tanh_and_the_m
         ("happy", NEUTRAL_NEXT_STATE): -3.0,
         ("unhappy", NEUTRAL_NEXT_STATE): -3.5,
     }
-    assert Settings().judge.next_state_hints == "unhappy"  # the default
-    settings = Settings(method="opd", judge={"margin": 1.0})
+    settings = Settings(method="opd", judge={"margin": 1.0, "next_state_hints": "unhappy"})
     with Store(tmp_path / "s.sqlite3") as store:
         thanks_id, correction_id = _seed(store, [THANKS, CORRECTION])
         loop = JudgeLoop(store, ChannelJudge(table), settings)
@@ -91,16 +90,17 @@ async def test_channel_verdict_is_the_calibrated_log_odds_through_tanh_and_the_m
         assert store.get_turn(thanks_id).reward == pytest.approx(math.tanh(1.25))
 
 
-async def test_with_every_each_user_reply_is_a_hint_even_one_the_judge_reads_as_approval(tmp_path: Path) -> None:
-    # The judge misreads the correction as approval (log-odds +2.5): with next_state_hints "unhappy" (the default)
-    # its hint is lost; "every" keeps the user's words for the teacher, and the reward still follows the verdict.
+async def test_every_user_reply_is_a_hint_by_default_even_one_the_judge_reads_as_approval(tmp_path: Path) -> None:
+    # The judge misreads the correction as approval (log-odds +2.5): with next_state_hints "unhappy" its hint is
+    # lost; the default ("every") keeps the user's words for the teacher, and the reward still follows the verdict.
     table = {
         ("happy", CORRECTION): -5.0,
         ("unhappy", CORRECTION): -8.0,
         ("happy", NEUTRAL_NEXT_STATE): -3.0,
         ("unhappy", NEUTRAL_NEXT_STATE): -3.5,
     }
-    every = Settings(method="opd", judge={"next_state_hints": "every"})
+    assert Settings().judge.next_state_hints == "every"
+    every = Settings(method="opd")
     with Store(tmp_path / "s.sqlite3") as store:
         (turn_id,) = _seed(store, [CORRECTION])
         assert await JudgeLoop(store, ChannelJudge(table), every).run_once() == 1

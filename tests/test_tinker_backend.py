@@ -125,14 +125,12 @@ async def test_trainer_datums_carry_the_stored_tokens_logprobs_and_advantages(
         (call,) = double.calls("forward_backward")
         assert call.args["loss_fn"] == "ppo"
         assert call.args["loss_fn_config"] == pytest.approx(PPO)
-        stored_turns = [store.get_turn(turn_id) for turn_id in turn_ids]
-        trained_tokens = sum(len(t.completion_tokens) for t in stored_turns if t is not None)
         for sent, turn_id, score in zip(call.args["data"], turn_ids, scores, strict=True):
             stored = store.get_turn(turn_id)
             assert stored is not None
             p, c, lp = stored.prompt_tokens, stored.completion_tokens, stored.logprobs
             pad = len(p) - 1
-            advantage = score / trained_tokens  # the token-level mean over the batch (train.loss_norm = "token")
+            advantage = score / (len(c) * 2)  # the token mean per sample, averaged over the 2 samples
             expected = tinker.Datum(
                 model_input=tinker.ModelInput.from_ints(p + c[:-1]),
                 loss_fn_inputs={

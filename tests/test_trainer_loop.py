@@ -169,9 +169,9 @@ async def test_waits_for_a_full_judged_batch_then_trains_once_with_exact_datums(
     assert report.trained_turn_ids == [first, second] == report.batch_turn_ids
 
     (datums,) = world.backend.datums
-    # Token-level mean (train.loss_norm = "token"): every advantage over the batch's 2 + 4 = 6 trained tokens.
-    assert completion_part(datums[0], "advantages") == pytest.approx([1 / 6, 1 / 6])
-    assert completion_part(datums[1], "advantages") == pytest.approx([-1 / 6] * 4)
+    # Per-sample token mean (train.loss_norm = "sample"), averaged over the 2 samples: +1 / (2 * 2), -1 / (4 * 2).
+    assert completion_part(datums[0], "advantages") == [0.25, 0.25]
+    assert completion_part(datums[1], "advantages") == [-0.125] * 4
     assert completion_part(datums[0], "logprobs") == [-0.5, -0.5]
     assert datums[1].model_input == [*PROMPT, 41, 42, 43]
     assert world.backend.called("forward_backward") == [
