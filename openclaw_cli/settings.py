@@ -653,7 +653,8 @@ def _dump_leaves(model: BaseModel) -> dict[str, Any]:
         if isinstance(value, BaseModel):
             out[name] = _dump_leaves(value)
         elif isinstance(value, dict):
-            out[name] = {k: v if isinstance(v, dict) else str(v) for k, v in _masked_mapping(value).items()} or "(none)"
+            # Flattened to the same keys as effective_values (an empty section has none).
+            out[name] = {k: v if isinstance(v, dict) else str(v) for k, v in _masked_mapping(value).items()}
         elif isinstance(value, SecretStr):
             out[name] = mask_secret(value)
         elif value is None:

@@ -221,3 +221,8 @@ def test_a_third_party_backend_reads_its_own_typed_section(monkeypatch, tmp_path
         plugin_settings(bad, "acme", AcmeSettings)
     assert "plugins.acme.replicas" in str(info.value) and "plugins.acme.colour" in str(info.value)
     assert "many" not in str(info.value)  # the value itself is not echoed
+
+
+def test_config_show_renderings_list_the_same_keys_with_and_without_a_plugin_section():
+    for settings in (load_settings(), load_settings(parse_overrides(["plugins.acme.region=us", "plugins.acme.token=x"]))):
+        assert [key for key, _, _ in effective_items(settings, {})] == list(effective_values(settings))
