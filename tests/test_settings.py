@@ -224,5 +224,6 @@ def test_a_third_party_backend_reads_its_own_typed_section(monkeypatch, tmp_path
 
 
 def test_config_show_renderings_list_the_same_keys_with_and_without_a_plugin_section():
-    for settings in (load_settings(), load_settings(parse_overrides(["plugins.acme.region=us", "plugins.acme.token=x"]))):
+    with_plugin = load_settings(parse_overrides(["plugins.acme.region=us", "plugins.acme.token=x"]))
+    for settings in (load_settings(), with_plugin):
         assert [key for key, _, _ in effective_items(settings, {})] == list(effective_values(settings))
