@@ -49,6 +49,7 @@ from openclaw_cli.command_support import (
     ModelOption,
     PortOption,
     SetOption,
+    command_overrides,
 )
 from openclaw_cli.settings import (
     DEFAULT_CONFIG_FILE,
@@ -57,7 +58,6 @@ from openclaw_cli.settings import (
     effective_items,
     effective_values,
     load_settings,
-    parse_overrides,
     resolve_config_path,
     settings_sources,
 )
@@ -188,11 +188,7 @@ def _load(
     sets: list[str] | None = None,
 ) -> LoadedSettings:
     config = config or _state(ctx).config
-    overrides = parse_overrides(sets or [])
-    # Named flags are more specific than --set, so they win when both name the same key.
-    for key, value in (("backend", backend), ("model", model), ("host", host), ("port", port), ("method", method)):
-        if value is not None:
-            overrides[key] = value
+    overrides = command_overrides(sets, backend=backend, model=model, host=host, port=port, method=method)
     return LoadedSettings(load_settings(overrides, config=config), overrides, config)
 
 

@@ -11,11 +11,14 @@ code click itself uses for usage errors.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from openclaw_cli.settings import DEFAULT_CONFIG_FILE, Settings, load_settings, parse_overrides
+
+if TYPE_CHECKING:
+    from openclaw_cli.store import Store
 
 EXIT_FAILED = 1  # a check failed, nothing answered, or an operation could not be done
 EXIT_REFUSED = 2  # invalid settings / usage, or a request we refuse on purpose (same code click uses for usage)
@@ -59,9 +62,25 @@ OutputOption = Annotated[
 ]
 
 
-def command_settings(config: Path | None, sets: list[str] | None, **named: object) -> Settings:
-    """The effective settings for a command: config file < environment < ``--set`` < the command's named flags
-    (``None`` = not given). A bad value raises SettingsError, which every command reports the same way."""
+def command_overrides(sets: list[str] | None, **named: object) -> dict[str, Any]:
+    """The command line's settings: ``--set`` pairs, then the command's named flags (``None`` = not given), which are
+    more specific and so win when both name the same key."""
     overrides = parse_overrides(sets or [])
     overrides.update({key: value for key, value in named.items() if value is not None})
-    return load_settings(overrides, config=config)
+    return overrides
+
+
+def command_settings(config: Path | None, sets: list[str] | None, **named: object) -> Settings:
+    """The effective settings for a command: config file < environment < ``--set`` < the command's named flags.
+    A bad value raises SettingsError, which every command reports the same way."""
+    return load_settings(command_overrides(sets, **named), config=config)
+
+
+def open_existing_store(settings: Settings) -> Store:
+    """The configured store for a reader (export, eval); a missing or unusable one is a CliFailure saying which."""
+    from openclaw_cli.store import Store, StoreError
+
+    try:
+        return Store(settings.store.path, create=False)
+    except StoreError as exc:
+        raise CliFailure(str(exc)) from None

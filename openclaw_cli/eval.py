@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 
-from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, SetOption, command_settings
+from openclaw_cli.command_support import (
+    EXIT_REFUSED,
+    CliFailure,
+    ConfigOption,
+    SetOption,
+    command_settings,
+    open_existing_store,
+)
 from openclaw_cli.types import Message, SamplingParams
 
 if TYPE_CHECKING:
@@ -592,7 +599,6 @@ def eval_command(
     """Compare two policy versions on held-out prompts with the judge: win rate of B over A, mean reward."""
     from openclaw_cli.backend import BackendError
     from openclaw_cli.export import parse_since
-    from openclaw_cli.store import Store, StoreError
 
     if plot_only and plot is None:
         raise CliFailure("--plot-only needs --plot PATH", EXIT_REFUSED)
@@ -602,19 +608,13 @@ def eval_command(
     except ValueError as exc:
         raise CliFailure(str(exc), EXIT_REFUSED) from None
 
-    def open_store() -> Store:
-        try:
-            return Store(settings.store.path, create=False)
-        except StoreError as exc:
-            raise CliFailure(str(exc)) from None
-
     try:
         report = None
         if not plot_only:
             if prompts is not None:
                 items = load_prompt_file(prompts)
             else:
-                store = open_store()
+                store = open_existing_store(settings)
                 try:
                     items = load_stored_items(store, last=last, since=since_ts)
                 finally:
@@ -630,7 +630,7 @@ def eval_command(
             report = asyncio.run(run_eval(settings, items, a, b, options))
         plotted = None
         if plot is not None:
-            store = open_store()
+            store = open_existing_store(settings)
             try:
                 plotted = plot_reward_over_steps(store.steps(), plot, metric)
             finally:

@@ -32,9 +32,10 @@ from openclaw_cli.command_support import (
     OutputOption,
     SetOption,
     command_settings,
+    open_existing_store,
 )
 from openclaw_cli.redaction import Redactor
-from openclaw_cli.store import Store, StoreError, TurnRecord
+from openclaw_cli.store import Store, TurnRecord
 
 
 class ExportFormat(StrEnum):
@@ -179,10 +180,7 @@ def export_command(
         )
     except ValueError as exc:
         raise CliFailure(str(exc), EXIT_REFUSED) from None
-    try:
-        store = Store(settings.store.path, create=False)
-    except StoreError as exc:
-        raise CliFailure(str(exc)) from None
+    store = open_existing_store(settings)
     try:
         with _open_output(out) as handle:
             count = export_turns(store, format, filters, handle, redactor=Redactor.from_settings(settings))

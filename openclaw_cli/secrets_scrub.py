@@ -39,8 +39,9 @@ def _is_secret_key(key: str) -> bool:
 
 
 def is_secret_name(name: str) -> bool:
-    """A setting or field name that may hold a credential (masked wherever settings are shown)."""
-    return _is_secret_key(name) or is_secret_header(name)
+    """A setting or field name that may hold a credential (masked wherever settings are shown): the header rule,
+    the broad one (any name holding key, token, secret, password, ...), which covers every field-name pattern."""
+    return is_secret_header(name)
 
 
 def scrub_secrets(value: Any) -> Any:

@@ -10,6 +10,7 @@ import difflib
 import json
 import os
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -30,6 +31,7 @@ DEFAULT_CONFIG_FILE = "openclaw.toml"
 ENV_PREFIX = "OPENCLAW_"
 ENV_NESTED_DELIMITER = "__"
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SECRET_SET = "**** (set)"  # what a set secret shows as, anywhere settings are shown
 
 
 class _Section(BaseModel):
@@ -634,14 +636,15 @@ def _json_leaves(model: BaseModel) -> dict[str, Any]:
     return out
 
 
-def _masked_mapping(value: dict[str, Any]) -> dict[str, Any]:
-    """A free-form section (plugins) as shown: a value under a secret-looking key never appears."""
+def _masked_mapping(value: dict[str, Any], leaf: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
+    """A free-form section (plugins) as shown, ``leaf`` applied to each value: a value under a secret-looking key
+    never appears."""
     from openclaw_cli.secrets_scrub import is_secret_name
 
     return {
-        key: _masked_mapping(item)
+        key: _masked_mapping(item, leaf)
         if isinstance(item, dict)
-        else ("**** (set)" if is_secret_name(str(key)) and item not in (None, "") else item)
+        else (SECRET_SET if is_secret_name(str(key)) and item not in (None, "") else leaf(item))
         for key, item in value.items()
     }
 
@@ -653,8 +656,8 @@ def _dump_leaves(model: BaseModel) -> dict[str, Any]:
         if isinstance(value, BaseModel):
             out[name] = _dump_leaves(value)
         elif isinstance(value, dict):
-            # Flattened to the same keys as effective_values (an empty section has none).
-            out[name] = {k: v if isinstance(v, dict) else str(v) for k, v in _masked_mapping(value).items()}
+            # Flattened to the same keys as effective_values (an empty section has none); every leaf a string.
+            out[name] = _masked_mapping(value, leaf=str)
         elif isinstance(value, SecretStr):
             out[name] = mask_secret(value)
         elif value is None:
@@ -668,7 +671,7 @@ def mask_secret(value: SecretStr | None) -> str:
     if value is None:
         return "(unset)"
     # Never echo any part of a secret: a prefix can identify the key's account or type.
-    return "**** (set)" if value.get_secret_value() else "(empty)"
+    return SECRET_SET if value.get_secret_value() else "(empty)"
 
 
 def env_secret(value: SecretStr | None, *env_names: str) -> str | None:

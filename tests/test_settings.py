@@ -223,7 +223,12 @@ def test_a_third_party_backend_reads_its_own_typed_section(monkeypatch, tmp_path
     assert "many" not in str(info.value)  # the value itself is not echoed
 
 
-def test_config_show_renderings_list_the_same_keys_with_and_without_a_plugin_section():
-    with_plugin = load_settings(parse_overrides(["plugins.acme.region=us", "plugins.acme.token=x"]))
+def test_config_show_renderings_list_the_same_keys_with_and_without_a_plugin_section(tmp_path):
+    config = write_toml(tmp_path / "plugins.toml", "[plugins.acme]\nreplicas = 3\n[plugins.acme.limits]\nrpm = 60\n")
+    with_plugin = load_settings(parse_overrides(["plugins.acme.region=us", "plugins.acme.token=x"]), config=config)
     for settings in (load_settings(), with_plugin):
-        assert [key for key, _, _ in effective_items(settings, {})] == list(effective_values(settings))
+        rows = effective_items(settings, {})
+        assert [key for key, _, _ in rows] == list(effective_values(settings))
+        assert all(isinstance(shown, str) for _, shown, _ in rows)  # the table renders text only
+    shown = {key: value for key, value, _ in effective_items(with_plugin, {})}
+    assert shown["plugins.acme.limits.rpm"] == "60" and shown["plugins.acme.token"] == "**** (set)"

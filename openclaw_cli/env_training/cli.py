@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, SetOption
+from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, SetOption, command_overrides
 
 if TYPE_CHECKING:
     from openclaw_cli.env_training.checkpoints import RunManifest
@@ -146,12 +146,10 @@ def _resolve_run(
         manifest_mismatches,
         read_manifest,
     )
-    from openclaw_cli.settings import SettingsError, TrainEnvSettings, load_settings, parse_overrides
+    from openclaw_cli.settings import SettingsError, TrainEnvSettings, load_settings
 
     try:
-        overrides = parse_overrides(set_pairs)
-        # Named flags are more specific than --set, so they win when both name the same key.
-        overrides.update({k: v for k, v in named.items() if v is not None})
+        overrides = command_overrides(set_pairs, **named)
         section = overrides.setdefault("train_env", {})
         if not isinstance(section, dict):
             raise SettingsError("--set train_env=... must name a key inside the section, e.g. train_env.steps=5")
