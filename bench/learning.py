@@ -192,8 +192,8 @@ async def report_steps(store: Any, observed: Observed, started: float, stop: asy
     printed = 0
     last_time = started
     print(
-        f"{'step':>5}{'version':>8}{'t (s)':>8}{'reward':>9}{'good %':>9}{'replies':>9}{'loss':>10}{'samples':>9}"
-        f"  {'s score/train/publish':>22}"
+        f"{'step':>5}{'version':>8}{'t (s)':>8}{'reward':>9}{'good %':>9}{'replies':>9}{'loss':>10}"
+        f"{'samples':>9}{'demos':>7}  {'s score/train/publish':>22}"
     )
     while True:
         steps = await asyncio.to_thread(store.steps)
@@ -204,6 +204,7 @@ async def report_steps(store: Any, observed: Observed, started: float, stop: asy
                 f"{step:>5}{version if version is not None else '-':>8}{created_at - started:>8.0f}"
                 f"{_fmt(reward, '{:>+9.2f}')}{_fmt(None if share is None else 100 * share, '{:>9.0f}')}{n:>9}"
                 f"{_fmt(metrics.get('loss'), '{:>10.4f}')}{metrics.get('n_samples', 0):>9}"
+                f"{metrics.get('demos', 0):>7}"
                 f"  {_seconds(metrics.get('seconds')):>22}"
             )
             rows.append((step, reward, share, n))
@@ -426,9 +427,12 @@ def main() -> int:
     parser.add_argument("--control", action="store_true", help="also run the scripted-judge control (first seed)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a setting other than its default")
     parser.add_argument("--plot-dir", type=Path, default=None, help="write reward-over-steps PNGs here")
+    parser.add_argument("--debug", action="append", metavar="LOGGER", help="log this logger at debug level")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in args.debug or []:
+        logging.getLogger(name).setLevel(logging.DEBUG)
     return asyncio.run(main_async(args))
 
 

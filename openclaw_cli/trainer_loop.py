@@ -66,6 +66,7 @@ from openclaw_cli.algorithms import (
     teacher_messages,
 )
 from openclaw_cli.backend import Backend
+from openclaw_cli.hindsight_demos import hindsight_demo
 from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -392,6 +393,7 @@ class TrainerLoop:
             "dropped_stale": len(stale),
             "unusable": unusable,
             "teacher_hints": sum(1 for s in samples if s.teacher_logprobs is not None),
+            "demos": sum(1 for s in samples if s.demo_weight is not None),
             "grad_norm": optim.metrics.get("grad_norm"),
             "lr": train.lr,
             "method": method,
@@ -460,8 +462,11 @@ class TrainerLoop:
     async def _samples(self, batch: list[TurnRecord]) -> tuple[list[TrainSample], list[float], int]:
         """TrainSamples for the usable turns, the judge scores of the batch, and how many turns were unusable."""
         samples: list[TrainSample] = []
+        demos: list[Awaitable[TrainSample | None]] = []
         rewards: list[float] = []
         unusable = 0
+        train = self.settings.train
+        version = self.backend.current_version().version
         for turn in batch:
             verdict = self._verdicts.get(turn.id)
             if verdict is None:
@@ -489,6 +494,17 @@ class TrainerLoop:
             hint = verdict.get("hint")
             if self.settings.method != "rl" and isinstance(hint, str) and hint.strip():
                 teacher = await self._teacher_logprobs(turn, hint)
+                if teacher is not None and train.demo_weight > 0 and (reward is None or reward <= 0):
+                    demos.append(
+                        hindsight_demo(
+                            self.backend,
+                            turn,
+                            hint,
+                            weight=train.demo_weight,
+                            max_tokens=train.demo_max_tokens,
+                            version=version,
+                        )
+                    )
             base = None
             if self.settings.train.kl_coef > 0 and turn.version != 0:  # version 0 is the base: the penalty is 0
                 base = await self._base_logprobs(turn)
@@ -506,6 +522,8 @@ class TrainerLoop:
                     base_logprobs=base,
                 )
             )
+        # Written together: the sampler decodes concurrent requests in one batch.
+        samples += [demo for demo in await asyncio.gather(*demos) if demo is not None]
         return samples, rewards, unusable
 
     async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float] | None:

@@ -28,6 +28,9 @@ class TrainSample:
     teacher_logprobs: list[float] | None = None  # log pi_teacher(a_t | s + hint); None = no accepted hint
     has_next_state: bool = True  # False when the session ended right after this turn
     base_logprobs: list[float] | None = None  # log pi_base(a_t | s) for the KL anchor; None = same as the sampler's
+    # A hindsight demonstration (openclaw_cli/hindsight_demos.py): the completion is the base model's hinted reply,
+    # trained with this constant advantage on every token and no KL anchor (it is the target, not a drift).
+    demo_weight: float | None = None
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
@@ -36,6 +39,8 @@ def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
 
 
 def _advantages(sample: TrainSample, method: Method, train: TrainSettings, baseline: float) -> list[float] | None:
+    if sample.demo_weight is not None:
+        return [sample.demo_weight] * len(sample.completion_tokens) if sample.demo_weight else None
     advantages = _signal(sample, method, train, baseline)
     if advantages is None or train.kl_coef == 0 or sample.base_logprobs is None:
         return advantages
@@ -94,6 +99,8 @@ def build_datums(
       normalisation (as a loss-mask-1 sample does in the reference method); with ``train.baseline_decay`` it
       pushes an "ambiguous" turn down by how much better than that the policy usually does.
     - A batch in which every advantage is 0 gives no datums: a step without signal publishes nothing.
+    - A hindsight demonstration (``demo_weight`` set) gets that constant advantage on every token, whatever the
+      method, and no KL anchor.
     - KL anchor (``train.kl_coef``): a sample with signal and ``base_logprobs`` gets
       ``-kl_coef * (log pi_old - log pi_base)`` added to each token's advantage (:func:`kl_anchored`).
     - Loss normalisation (``train.loss_norm``): backends sum over tokens, so the advantages are scaled here.
@@ -137,4 +144,5 @@ def build_datums(
                 advantages=[a * scale for a in advantages],
             )
         )
-    return datums, [sample.turn_id for sample, _ in kept]
+    # A turn and its demonstration are one trained turn.
+    return datums, list(dict.fromkeys(sample.turn_id for sample, _ in kept))

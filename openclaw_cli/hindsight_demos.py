@@ -1,0 +1,93 @@
+"""Hindsight demonstrations: the reply the base model writes once it has read the user's correction.
+
+OPD scores the student's own reply token by token against a teacher that read the hint, and (with the upper clip at
+0) only ever pushes tokens down: it says what not to write, never what to write, and a small model drifts to
+whatever is left unpunished (late in 20-minute runs SmolLM2 started quoting the user's correction back). A
+demonstration says what to write: for a turn the judge did not approve that carries a hint, the frozen base model
+answers the same conversation *with* the hint (greedy: the told model's own answer), and the policy is trained to give
+that answer *without* it, with a constant positive advantage ``train.demo_weight`` under the same PPO clip (its
+"sampler" log-probabilities are the current policy's, so the ratio starts at 1 and one step moves it at most
+``eps_high``). This is context distillation from the user's own words, and what the learning target asks for: the
+bot, asked plainly, answers as the base model does when told.
+
+A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats a run
+of four words of the hint (the teacher echoing the user's words is not an answer), or is implausible as a reply to
+the plain conversation (mean log-probability under the current policy below :data:`MIN_MEAN_LOGPROB`: e.g. the
+hint "thanks; next question: ..." makes the teacher answer the *next* question).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from openclaw_cli.algorithms import TrainSample, teacher_messages
+from openclaw_cli.backend import Backend
+from openclaw_cli.store import TurnRecord
+from openclaw_cli.types import SamplingParams
+
+log = logging.getLogger("openclaw.trainer")
+
+BASE_VERSION = 0
+HINT_ECHO_WORDS = 4
+# Per-token mean log-probability of the demonstration under the current policy given the plain conversation. A
+# shorter or better phrased answer to the same question stays well above it; an answer to another question does not.
+MIN_MEAN_LOGPROB = -2.5
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def _word_runs(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _WORD.findall(text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def echoes_hint(reply: str, hint: str, n: int = HINT_ECHO_WORDS) -> bool:
+    """True when the reply repeats ``n`` consecutive words of the hint (case and punctuation ignored)."""
+    return bool(_word_runs(reply, n) & _word_runs(hint, n))
+
+
+async def hindsight_demo(
+    backend: Backend, turn: TurnRecord, hint: str, *, weight: float, max_tokens: int, version: int
+) -> TrainSample | None:
+    """The base model's hinted reply to ``turn``'s conversation as a positive sample without the hint, or None when
+    it cannot be written or is not usable (see the module docstring)."""
+    tokenizer = backend.tokenizer()
+    try:
+        hinted_prompt = tokenizer.render(teacher_messages(turn.messages, hint), turn.tools)
+        reply = await backend.sample(
+            hinted_prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), version=BASE_VERSION
+        )
+    except Exception as exc:
+        log.warning("turn %d: cannot write a hindsight demonstration: %s", turn.id, exc)
+        return None
+    text = reply.text.strip()
+    if not reply.tokens or not text or reply.finish_reason != "stop":
+        log.debug("turn %d: demonstration dropped (empty or cut off): %r", turn.id, text[:80])
+        return None
+    if echoes_hint(text, hint):
+        log.debug("turn %d: demonstration dropped (echoes the hint): %r", turn.id, text[:80])
+        return None
+    prompt = list(turn.prompt_tokens)
+    try:
+        scored = await backend.compute_logprobs(prompt + list(reply.tokens))
+    except Exception as exc:
+        log.warning("turn %d: cannot score the hindsight demonstration: %s", turn.id, exc)
+        return None
+    tail = scored[len(prompt) :]
+    if len(tail) != len(reply.tokens) or any(v is None for v in tail):
+        return None
+    logprobs = [float(v) for v in tail if v is not None]
+    mean = sum(logprobs) / len(logprobs)
+    if mean < MIN_MEAN_LOGPROB:
+        log.debug("turn %d: demonstration dropped (implausible, mean logprob %.2f): %r", turn.id, mean, text[:80])
+        return None
+    log.debug("turn %d: demonstration (mean logprob %.2f): %r", turn.id, mean, text[:80])
+    return TrainSample(
+        turn_id=turn.id,
+        session_id=turn.session_id,
+        prompt_tokens=prompt,
+        completion_tokens=list(reply.tokens),
+        sampler_logprobs=logprobs,
+        version=version,
+        demo_weight=weight,
+    )
