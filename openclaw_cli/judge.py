@@ -459,7 +459,11 @@ class JudgeLoop:
 
     async def run_once(self) -> int:
         """Claim one batch and judge it; returns how many turns this call completed."""
-        turns = await asyncio.to_thread(self.store.claim_ready, self.consumer, self.batch_size, self.lease_s)
+        # Newest first: when users talk faster than the judge reads, the trainer wants verdicts on turns the current
+        # policy wrote (an old turn's verdict arrives when its sample is too stale to train on).
+        turns = await asyncio.to_thread(
+            self.store.claim_ready, self.consumer, self.batch_size, self.lease_s, newest_first=True
+        )
         if not turns:
             return 0
         outcomes = await asyncio.gather(*(self._judge_and_complete(turn) for turn in turns))

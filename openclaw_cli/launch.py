@@ -125,6 +125,7 @@ class Runtime:
                 "steps": trainer.steps,
                 "trained_samples": trainer.trained_samples,
                 "skipped_batches": trainer.skipped_batches,
+                "stale_turns": trainer.stale_turns,  # came too late to train on (users outpace the trainer)
                 "failures": trainer.failures,
                 "last_error": trainer.last_error,
             },

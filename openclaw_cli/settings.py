@@ -129,12 +129,12 @@ class TrainSettings(_Section):
         "trained token's advantage (0 = off).",
     )
     demo_weight: float = Field(
-        0.0,
+        1.0,
         ge=0.0,
         le=1.0,
         description="Hindsight demonstrations (opd / combined): for a hinted turn the judge did not approve, the base "
         "model's reply to the conversation with the hint is trained as a reply without it, with this advantage on "
-        "every token (0 = off). See openclaw_cli/hindsight_demos.py.",
+        "every token (0 = off). See openclaw_cli/hindsight_demos.py; measured in docs/learning.md.",
     )
     demo_max_tokens: int = Field(
         128, ge=1, le=4096, description="Token budget of a hindsight demonstration (a cut-off one is dropped)."

@@ -111,6 +111,7 @@ class TrainerStats:
     steps: int = 0
     trained_samples: int = 0
     skipped_batches: int = 0
+    stale_turns: int = 0  # judged turns completed untrained: too many versions old when the trainer reached them
     failures: int = 0
     reopened_turns: int = 0  # turns of steps lost in a crash, trained again after resume
     last_error: str | None = None
@@ -295,7 +296,7 @@ class TrainerLoop:
             pass  # claim again when some of what came back was not trainable (the judge gave up on it)
         if len(self._pending) < batch_size:
             return None
-        batch = list(self._pending.values())[:batch_size]
+        batch = sorted(self._pending.values(), key=lambda turn: turn.id)[:batch_size]  # in the order they were written
         try:
             report = await self._train(batch)
         except Exception as exc:
@@ -316,10 +317,14 @@ class TrainerLoop:
         """Claim up to ``want`` more turns into the pending batch; returns how many new turns it got."""
 
         def claim() -> list[tuple[TurnRecord, Any]]:
-            turns = self.store.claim_ready(CONSUMER, want, LEASE_S, after=JUDGE_CONSUMER)
+            # Newest first: users who talk faster than the trainer steps leave a backlog, and training it in order
+            # would only ever reach turns too many versions old to train on (dropped as stale after scoring).
+            turns = self.store.claim_ready(CONSUMER, want, LEASE_S, after=JUDGE_CONSUMER, newest_first=True)
             return [(turn, self.store.result_of(JUDGE_CONSUMER, turn.id)) for turn in turns]
 
         gave_up: list[TurnRecord] = []
+        stale: list[TurnRecord] = []
+        current = self.backend.current_version().version
         new = 0
         for turn, verdict in await asyncio.to_thread(claim):
             if turn.id in self._pending:
@@ -328,10 +333,16 @@ class TrainerLoop:
             if isinstance(verdict, dict) and verdict.get("failed"):
                 gave_up.append(turn)
                 continue
+            if current - turn.version > self.settings.train.max_staleness:
+                stale.append(turn)  # completed now, before any teacher scoring is spent on it
+                continue
             self._pending[turn.id] = turn
             self._verdicts[turn.id] = verdict if isinstance(verdict, dict) else {}
         if gave_up:
             await self._complete(gave_up, {"trained": False, "reason": "judge_failed"})
+        if stale:
+            self.stats.stale_turns += len(stale)
+            await self._complete(stale, {"trained": False, "reason": "stale"})
         return new
 
     def _release(self, batch: list[TurnRecord]) -> None:

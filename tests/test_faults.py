@@ -114,7 +114,9 @@ async def test_a_turn_whose_calls_keep_failing_while_the_judge_answers_others_is
         return "\\boxed{1}"
 
     with FakeJudgeServer(answer) as server, Store(tmp_path / "s.sqlite3") as store:
-        poison, *fine = seed_judgeable(store, ["POISON question", "q1", "q2", "q3"])
+        # Seeded oldest first; the judge takes the newest first: POISON with q1, then q2, then q3.
+        *newest_last, poison = seed_judgeable(store, ["q3", "q2", "q1", "POISON question"])
+        fine = newest_last[::-1]
         loop = JudgeLoop(
             store,
             OpenAIJudgeClient("judge", server.base_url, timeout_s=10),

@@ -202,16 +202,27 @@ async def test_a_batch_without_signal_is_completed_without_a_step(world: World) 
         assert world.store.result_of("trainer", turn_id)["trained"] is False
 
 
-async def test_stale_samples_are_dropped_and_counted(tmp_path: Path, tiny_tokenizer: Any) -> None:
+async def test_stale_turns_are_completed_before_scoring_and_counted(tmp_path: Path, tiny_tokenizer: Any) -> None:
     world = World(tmp_path, tiny_tokenizer, max_staleness=1)
     world.backend.version = 3
     stale = world.ready_turn([21, 22], version=1, score=1)
     fresh = world.ready_turn([23, 24], version=2, score=1)
+    loop = world.loop()
+    assert await loop.run_once() is None  # the stale turn does not fill the batch
+    assert world.store.result_of("trainer", stale) == {"trained": False, "reason": "stale"}
+    assert loop.stats.stale_turns == 1 and world.backend.called("compute_logprobs") == []
+    newer = world.ready_turn([25, 26], version=3, score=1)
+    report = await loop.run_once()
+    assert report is not None and sorted(report.trained_turn_ids) == [fresh, newer]
+    assert report.metrics["dropped_stale"] == 0
+    world.store.close()
+
+
+async def test_the_trainer_takes_the_newest_judged_turns_first(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=2)
+    ids = [world.ready_turn([21 + i], score=1) for i in range(4)]
     report = await world.loop().run_once()
-    assert report is not None and report.trained_turn_ids == [fresh]
-    assert report.metrics["dropped_stale"] == 1
-    assert completion_part(world.backend.datums[0][0], "advantages") == [0.5, 0.5]  # one sample left: 1 / 2 tokens
-    assert world.store.result_of("trainer", stale) == {"trained": False, "step": 1, "version": 4}
+    assert report is not None and sorted(report.trained_turn_ids) == ids[2:]
     world.store.close()
 
 
@@ -335,7 +346,7 @@ async def test_a_crash_before_the_checkpoint_undoes_the_lost_steps_and_trains_th
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
     world = World(tmp_path, tiny_tokenizer, batch_size=1, checkpoint_every=2)
-    ids = [world.ready_turn([21 + i], score=1) for i in range(3)]
+    ids = [world.ready_turn([21 + i], score=1) for i in range(3)][::-1]  # in training order: the newest first
     loop = world.loop()
     for _ in range(3):
         assert await loop.run_once() is not None
@@ -352,7 +363,7 @@ async def test_a_crash_before_the_checkpoint_undoes_the_lost_steps_and_trains_th
     report = await resumed.run_once()
     assert report is not None and (report.step, report.trained_turn_ids) == (3, [ids[2]])
     trained = [i for *_, metrics in world.store.steps() for i in metrics["trained_turn_ids"]]
-    assert sorted(trained) == ids  # every turn in exactly one surviving step
+    assert sorted(trained) == sorted(ids)  # every turn in exactly one surviving step
     world.store.close()
 
 
@@ -372,9 +383,9 @@ async def test_a_half_filled_batch_held_by_a_crashed_process_is_claimed_again_at
 
 
 async def test_turns_the_judge_gave_up_on_are_completed_untrained_and_take_no_batch_slot(world: World) -> None:
-    given_up = world.ready_turn([21])
-    world.store.complete("judge", given_up, json.dumps({"score": None, "failed": True}), failed=True)
     ids = [world.ready_turn([22], score=1), world.ready_turn([23], score=-1)]
+    given_up = world.ready_turn([21])  # the newest: claimed first, with ids[1]
+    world.store.complete("judge", given_up, json.dumps({"score": None, "failed": True}), failed=True)
     report = await world.loop().run_once()
     assert report is not None and report.batch_turn_ids == ids
     assert world.store.result_of("trainer", given_up) == {"trained": False, "reason": "judge_failed"}

@@ -32,9 +32,11 @@ class HandoffQueue(StoreBase):
         *,
         after: str | None = None,
         now: float | None = None,
+        newest_first: bool = False,
     ) -> list[TurnRecord]:
         """Lease up to ``limit`` ready main-line turns that ``consumer`` has not completed, in the order they
-        became ready.
+        became ready (``newest_first``: the most recently ready first, for a consumer that wants fresh turns while
+        a backlog waits).
 
         A turn under an unexpired lease of this consumer is skipped; an expired lease makes it claimable again
         (at-least-once delivery). ``after`` chains loops: only turns already completed by that consumer.
@@ -58,7 +60,8 @@ class HandoffQueue(StoreBase):
                 f"SELECT {TURN_COLUMNS} FROM {TURN_FROM} "
                 "WHERE t.ready_seq > ? AND t.turn_type = 'main' AND NOT EXISTS ("
                 "SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "
-                f"AND (c.done_at IS NOT NULL OR c.lease_until > ?)) {chain} ORDER BY t.ready_seq LIMIT ?",
+                f"AND (c.done_at IS NOT NULL OR c.lease_until > ?)) {chain} "
+                f"ORDER BY t.ready_seq {'DESC' if newest_first else 'ASC'} LIMIT ?",
                 params,
             ).fetchall()
             self._conn.executemany(

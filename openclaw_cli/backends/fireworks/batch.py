@@ -57,7 +57,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +80,7 @@ from openclaw_cli.backends.fireworks.serving import (
     ServedVersions,
     deployment_model_name,
 )
+from openclaw_cli.backends.sampler_serving import ServesFromSampler
 from openclaw_cli.types import (
     AdamParams,
     Datum,
@@ -88,10 +89,7 @@ from openclaw_cli.types import (
     Message,
     ParsedAssistant,
     PolicyVersion,
-    SampleResult,
-    SamplingParams,
     StepResult,
-    StreamEvent,
 )
 
 if TYPE_CHECKING:
@@ -234,7 +232,7 @@ class _ReadyModel:
     deployed_model: str  # accounts/<a>/deployedModels/<id>
 
 
-class FireworksBatchBackend:
+class FireworksBatchBackend(ServesFromSampler):
     """Serving from a Fireworks deployment, training by SFT jobs (see the module docstring)."""
 
     name = "fireworks"
@@ -384,19 +382,6 @@ class FireworksBatchBackend:
 
     def servable_versions(self) -> list[int]:
         return self._require_sampler().versions.servable()
-
-    async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> SampleResult:
-        return await self._require_sampler().sample(prompt_tokens, params, version)
-
-    def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        return self._require_sampler().stream(prompt_tokens, params, version)
-
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        return await self._require_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
 
     # -- training -------------------------------------------------------------------------------------------------
 
@@ -694,6 +679,12 @@ class FireworksBatchBackend:
         return value if isinstance(value, dict) else None
 
     # -- helpers --------------------------------------------------------------------------------------------------
+
+    def _serving_sampler(self) -> FireworksSampler:
+        return self._require_sampler()
+
+    def _scoring_sampler(self) -> FireworksSampler:
+        return self._require_sampler()
 
     def _require_sampler(self) -> FireworksSampler:
         if self.sampler is None:

@@ -18,22 +18,12 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from openclaw_cli.backend import BackendError, Check
-from openclaw_cli.types import (
-    AdamParams,
-    Datum,
-    FwdBwdResult,
-    LossName,
-    PolicyVersion,
-    SampleResult,
-    SamplingParams,
-    StepResult,
-    StreamEvent,
-)
+from openclaw_cli.backends.sampler_serving import ServesFromSampler
+from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, LossName, PolicyVersion, StepResult
 
 if TYPE_CHECKING:
     from openclaw_cli.backends.local.lora_delta import LoraWeights
@@ -65,7 +55,7 @@ def choose_sampler(preference: str) -> SamplerKind:
     return "vllm" if usable else "transformers"
 
 
-class LocalBackend:
+class LocalBackend(ServesFromSampler):
     """In-process policy: PEFT LoRA trainer + versioned serving over one copy of the base weights.
 
     With the vLLM sampler, vLLM serves ``sample``/``stream`` while the torch model keeps the same versions (every
@@ -153,21 +143,6 @@ class LocalBackend:
 
     def current_version(self) -> PolicyVersion:
         return self._require_versions().current()
-
-    async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> SampleResult:
-        return await self._serving().sample(prompt_tokens, params, version)
-
-    def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        return self._serving().stream(prompt_tokens, params, version)
-
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        from openclaw_cli.backends.local.serving import BASE_VERSION
-
-        return await self._require_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
 
     async def next_token_logprobs(
         self, prompt_tokens: list[int], candidates: list[int], *, version: int | None = None
@@ -375,9 +350,12 @@ class LocalBackend:
             raise BackendError("the local backend is not started; call start() first")
         return self._torch_sampler
 
-    def _serving(self) -> TransformersSampler | VLLMSampler:
+    def _serving_sampler(self) -> TransformersSampler | VLLMSampler:
         sampler = self._require_sampler()
         return self._vllm if self._vllm is not None else sampler
+
+    def _scoring_sampler(self) -> TransformersSampler:
+        return self._require_sampler()  # teacher-forced scoring runs in torch, also when vLLM serves
 
 
 def _import_check(module: str) -> Check:

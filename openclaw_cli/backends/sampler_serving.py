@@ -1,0 +1,55 @@
+"""The serving half of the backend protocol, answered by a sampler that keeps its own policy versions.
+
+The local backend (transformers or vLLM sampler) and the Fireworks batch backend (a deployment) serve the same way:
+``sample`` / ``stream`` go to the sampler with the version pinned by the caller, and ``compute_logprobs`` scores
+with the sampler too, the base model being version 0. They inherit :class:`ServesFromSampler` and say which sampler
+serves; the training half stays theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from openclaw_cli.types import SampleResult, SamplingParams, StreamEvent
+
+BASE_VERSION = 0  # every backend numbers the frozen base model 0
+
+
+class ServingSampler(Protocol):
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult: ...
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]: ...
+
+
+class ScoringSampler(Protocol):
+    async def compute_logprobs(self, tokens: list[int], *, version: int | None = None) -> list[float | None]: ...
+
+
+class ServesFromSampler:
+    """``sample``, ``stream`` and ``compute_logprobs`` of the backend protocol, delegated to a sampler."""
+
+    def _serving_sampler(self) -> ServingSampler:
+        """The sampler that answers requests (raises BackendError before ``start``)."""
+        raise NotImplementedError
+
+    def _scoring_sampler(self) -> ScoringSampler:
+        """The sampler that scores tokens (raises BackendError before ``start``)."""
+        raise NotImplementedError
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        return await self._serving_sampler().sample(prompt_tokens, params, version)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        return self._serving_sampler().stream(prompt_tokens, params, version)
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+        return await self._scoring_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
