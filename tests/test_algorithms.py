@@ -15,6 +15,7 @@ from openclaw_cli.algorithms import (
     ppo_loss_config,
     teacher_messages,
 )
+from openclaw_cli.hindsight_demos import echoes_hint
 from openclaw_cli.settings import TrainSettings
 
 
@@ -166,6 +167,30 @@ def test_kl_anchor_subtracts_beta_times_old_minus_base_on_trained_tokens() -> No
     assert build_datums([plain], "rl", train, current_version=1)[0][0].loss_fn_inputs["advantages"] == pytest.approx(
         [0.5, 0.5]
     )
+
+
+def test_a_hindsight_demonstration_trains_its_constant_advantage_without_the_kl_anchor() -> None:
+    train = TrainSettings(kl_coef=0.5, loss_norm="sample")
+    own = TrainSample(1, "s", [5], [9, 9], [-1.0, -1.0], 1, teacher_logprobs=[-1.5, -0.5], base_logprobs=[-2.0, -1.0])
+    demo = TrainSample(1, "s", [5], [7, 8, 2], [-0.2, -0.4, -0.1], 1, base_logprobs=[-3.0] * 3, demo_weight=0.8)
+    datums, ids = build_datums([own, demo], "opd", train, current_version=1)
+    assert ids == [1]  # one turn, two samples
+    # own reply: clip(teacher - old, -1, 0) - 0.5 * (old - base) = [-0.5 - 0.5, 0 - 0] over 2 tokens * 2 samples
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([-0.25, 0.0])
+    # the demonstration: 0.8 on each of its 3 tokens, no anchor (its base logprobs are ignored), / (3 * 2)
+    assert datums[1].loss_fn_inputs["advantages"] == pytest.approx([0.8 / 6] * 3)
+    assert datums[1].loss_fn_inputs["logprobs"] == pytest.approx([-0.2, -0.4, -0.1])
+    # a weight of 0 is no sample at all
+    zero = TrainSample(2, "s", [5], [7], [-0.2], 1, demo_weight=0.0)
+    assert build_datums([zero], "opd", train, current_version=1) == ([], [])
+
+
+def test_echoes_hint_is_four_words_of_the_hint_in_a_row() -> None:
+    hint = "No, that is far too long. Answer in one short sentence, please."
+    assert echoes_hint("Sure: answer in one short sentence.", hint)
+    assert echoes_hint("THAT IS FAR too long", hint)  # case and punctuation do not hide it
+    assert not echoes_hint("Paris is the capital of France, in one sentence.", hint)
+    assert not echoes_hint("too long", hint)
 
 
 def test_a_batch_without_signal_gives_no_datums() -> None:

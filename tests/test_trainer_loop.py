@@ -18,7 +18,7 @@ from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, ResumeError, TrainerLoop, list_checkpoints
-from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, PolicyVersion, StepResult
+from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, PolicyVersion, SampleResult, SamplingParams, StepResult
 
 PROMPT = [11, 12, 13]
 
@@ -39,12 +39,19 @@ class RecordingBackend:
         self.datums: list[list[Datum]] = []
         self.accumulated: list[Datum] = []  # what a real trainer would hold as gradients
         self.stepped_on: list[int] = []  # datums accumulated at each successful optim_step
+        self.demo_text = "Paris."  # what the base model answers when it reads a hint (hindsight demonstrations)
 
     def tokenizer(self) -> Any:
         return self._tokenizer
 
     def current_version(self) -> PolicyVersion:
         return PolicyVersion(self.version, f"v{self.version}")
+
+    async def sample(self, prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
+        self.calls.append(("sample", (list(prompt), params.temperature, version)))
+        return SampleResult(
+            tokens=[31, 32], logprobs=[-0.5, -0.5], finish_reason="stop", version=0, text=self.demo_text
+        )
 
     async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
         self.calls.append(("compute_logprobs", (list(tokens), base)))
@@ -242,6 +249,46 @@ async def test_opd_scores_the_completion_with_the_base_model_in_the_hinted_conte
     n = len(teacher_prompt)
     expected = [max(-1.0, min(1.0, -0.1 * (n + j) + 0.5)) / 2 for j in range(2)]
     assert completion_part(world.backend.datums[0][0], "advantages") == pytest.approx(expected)
+    world.store.close()
+
+
+async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_models_hinted_reply(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1, demo_weight=0.5)
+    world.settings.method = "opd"
+    world.ready_turn([21, 22], score=-1, hint="Answer in one word.")
+    report = await world.loop().run_once()
+    assert report is not None and report.metrics["demos"] == 1 and report.metrics["n_samples"] == 2
+
+    teacher_prompt = tiny_tokenizer.render(
+        teacher_messages([{"role": "user", "content": "question 1"}], "Answer in one word.")
+    )
+    assert world.backend.called("sample") == [(teacher_prompt, 0.0, 0)]  # the base model, greedy, with the hint
+    # Scored by the current policy in the plain context: those are the demo's "sampler" logprobs (ratio 1 at first).
+    assert ([*PROMPT, 31, 32], False) in world.backend.called("compute_logprobs")
+    demo = world.backend.datums[0][1]
+    assert demo.model_input[len(PROMPT) :] == [31]  # the prompt is the plain one, no hint
+    assert completion_part(demo, "logprobs") == pytest.approx([-0.1 * 3, -0.1 * 4])
+    # Constant advantage 0.5, no KL anchor, the sample-mean normalisation over 2 samples of 2 tokens: 0.5 / 2 / 2.
+    assert completion_part(demo, "advantages") == pytest.approx([0.125, 0.125])
+    assert report.trained_turn_ids == [report.batch_turn_ids[0]]  # the turn and its demonstration: one turn
+    world.store.close()
+
+
+@pytest.mark.parametrize(
+    ("score", "demo_text", "why"),
+    [(1, "Paris.", "approved"), (-1, "No, answer in one word.", "echoes the hint")],
+)
+async def test_no_demonstration_for_an_approved_turn_or_one_that_echoes_the_hint(
+    tmp_path: Path, tiny_tokenizer: Any, score: int, demo_text: str, why: str
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1)
+    world.settings.method = "opd"
+    world.backend.demo_text = demo_text
+    world.ready_turn([21, 22], score=score, hint="No, answer in one word.")
+    report = await world.loop().run_once()
+    assert report is not None and report.metrics["demos"] == 0 and report.metrics["n_samples"] == 1, why
     world.store.close()
 
 
