@@ -10,10 +10,19 @@ code click itself uses for usage errors.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.text import Text
 
 from openclaw_cli.settings import DEFAULT_CONFIG_FILE, Settings, load_settings, parse_overrides
 
@@ -84,3 +93,144 @@ def open_existing_store(settings: Settings) -> Store:
         return Store(settings.store.path, create=False)
     except StoreError as exc:
         raise CliFailure(str(exc)) from None
+
+
+@dataclass
+class CliState:
+    """Global options, shared with every subcommand through ``ctx.obj``."""
+
+    config: Path | None = None
+    debug: bool = False
+
+
+def cli_state(ctx: typer.Context) -> CliState:
+    return ctx.obj if isinstance(ctx.obj, CliState) else CliState()
+
+
+def stdout_console() -> Console:
+    # Built per use so the console always writes to the current sys.stdout (CliRunner swaps it).
+    return Console()
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@dataclass
+class LoadedSettings:
+    """What :func:`with_settings` hands a command."""
+
+    settings: Settings
+    overrides: dict[str, Any]
+    config: Path | None  # the --config given (subcommand's, else the global one); None = ./openclaw.toml if any
+
+
+def load_for_command(
+    ctx: typer.Context,
+    config: Path | None,
+    *,
+    backend: str | None = None,
+    model: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    method: str | None = None,
+    sets: list[str] | None = None,
+) -> LoadedSettings:
+    config = config or cli_state(ctx).config
+    overrides = command_overrides(sets, backend=backend, model=model, host=host, port=port, method=method)
+    return LoadedSettings(load_settings(overrides, config=config), overrides, config)
+
+
+def _state(ctx: typer.Context) -> CliState:
+    return ctx.obj if isinstance(ctx.obj, CliState) else CliState()
+
+
+# The settings options every settings-reading command takes, resolved once by with_settings.
+_SETTINGS_PARAMETERS = [
+    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+    for name, annotation in (
+        ("config", ConfigOption),
+        ("backend", BackendOption),
+        ("model", ModelOption),
+        ("host", HostOption),
+        ("port", PortOption),
+        ("method", MethodOption),
+        ("sets", SetOption),
+    )
+]
+
+
+def with_settings(command: Callable[..., None]) -> Callable[..., None]:
+    """A command written as ``command(loaded: LoadedSettings, ...its own options)`` gets the shared settings options
+    (``-c/--config``, ``--backend``, ``--model``, ``--host``, ``--port``, ``--method``, ``--set``) added to its
+    command line and receives the settings they resolve to (config < env < --set < named flags)."""
+    own = list(inspect.signature(command, eval_str=True).parameters.values())[1:]  # after `loaded`
+    ctx_parameter = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    parameters = [ctx_parameter, *_SETTINGS_PARAMETERS, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own)]
+
+    @functools.wraps(command)
+    def resolved(ctx: typer.Context, **options: Any) -> None:
+        shared = {p.name: options.pop(p.name) for p in _SETTINGS_PARAMETERS}
+        config, sets = shared.pop("config"), shared.pop("sets")
+        command(load_for_command(ctx, config, sets=sets, **shared), **options)
+
+    # typer reads the command line from the signature and the type hints: the wrapper's own, not the command's.
+    resolved.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    resolved.__annotations__ = {p.name: p.annotation for p in parameters}
+    return resolved
+
+
+def optional_attr(module_name: str, attr: str, feature: str) -> Callable[..., Any]:
+    """Import ``module_name.attr`` on first use; a missing part becomes one plain CliFailure line."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise CliFailure(f"{feature} is not available in this build ({module_name} is missing)") from None
+        raise CliFailure(f"{feature} cannot load: missing dependency {missing or exc}") from None
+    except ImportError as exc:
+        raise CliFailure(f"{feature} cannot load: {exc}") from None
+    found = getattr(module, attr, None)
+    if found is None:
+        raise CliFailure(f"{feature} is not available in this build ({module_name}.{attr} is missing)")
+    return found
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return dist_version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def check_mark(ok: bool) -> Text:
+    return Text("✓", style="bold green") if ok else Text("✗", style="bold red")
+
+
+def is_loopback(host: str) -> bool:
+    from openclaw_cli.proxy.auth import is_loopback
+
+    return is_loopback(host)
+
+
+def has_api_key(settings: Settings) -> bool:
+    return settings.api_key is not None and bool(settings.api_key.get_secret_value())
+
+
+def refuse_exposed_bind_without_key(settings: Settings) -> None:
+    if not is_loopback(settings.host) and not has_api_key(settings):
+        raise CliFailure(
+            f"refusing to bind {settings.host} without an API key: anyone who can reach it could use the policy and "
+            "read captured conversations; set api_key (OPENCLAW_API_KEY=...) or bind 127.0.0.1",
+            EXIT_REFUSED,
+        )
+
+
+def connect_host(host: str) -> str:
+    """The address a client dials: a wildcard bind is reached on loopback; IPv6 literals get brackets."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

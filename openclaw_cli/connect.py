@@ -60,8 +60,15 @@ from typing import Annotated, Any
 import tomli_w
 import typer
 
-from openclaw_cli.cli import connect_host
-from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, HostOption, PortOption, SetOption
+from openclaw_cli.command_support import (
+    EXIT_REFUSED,
+    CliFailure,
+    ConfigOption,
+    HostOption,
+    PortOption,
+    SetOption,
+    connect_host,
+)
 from openclaw_cli.proxy.models import SIDE_ALIAS, ModelCatalog
 from openclaw_cli.settings import ENV_PREFIX, Settings, load_settings, parse_overrides
 

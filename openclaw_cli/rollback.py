@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 import typer
 
-from openclaw_cli.cli import _is_loopback, connect_host
 from openclaw_cli.command_support import (
     EXIT_FAILED,
     EXIT_REFUSED,
@@ -25,6 +24,8 @@ from openclaw_cli.command_support import (
     PortOption,
     SetOption,
     command_settings,
+    connect_host,
+    is_loopback,
 )
 from openclaw_cli.proxy.control import ROLLBACK_PATH, VERSIONS_PATH
 from openclaw_cli.settings import Settings
@@ -43,7 +44,7 @@ def _request(settings: Settings, method: str, path: str, body: dict[str, Any] | 
         headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
     try:
         timeout = httpx.Timeout(TIMEOUT_S, connect=5.0)
-        with httpx.Client(timeout=timeout, trust_env=not _is_loopback(settings.host)) as client:
+        with httpx.Client(timeout=timeout, trust_env=not is_loopback(settings.host)) as client:
             response = client.request(method, url, headers=headers, json=body)
     except httpx.ConnectError:
         raise CliFailure(f"no openclaw server on {where} (start one with `openclaw launch`)") from None

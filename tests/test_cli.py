@@ -19,7 +19,7 @@ import typer
 from typer.testing import CliRunner
 
 from openclaw_cli import __version__
-from openclaw_cli import cli as cli_module
+from openclaw_cli import backend as registry
 from openclaw_cli.backend import BackendError, Check
 from openclaw_cli.cli import app
 from openclaw_cli.settings import load_settings
@@ -48,14 +48,14 @@ def quick_local_diagnose(monkeypatch: pytest.MonkeyPatch) -> None:
     """The local backend's own diagnose imports torch/transformers/peft (tens of seconds on a busy 2-core box) and
     is tested with that backend; here it is replaced so these tests cover the CLI's listing and rendering. The
     planned tinker/fireworks backends keep their real (cheap) diagnose."""
-    real = cli_module.diagnose_backend
+    real = registry.diagnose_backend
 
     def diagnose(name: str, settings: Any) -> list[Check]:
         if name == "local":
             return [Check("local stand-in", True, "diagnose replaced in tests/test_cli.py")]
         return real(name, settings)
 
-    monkeypatch.setattr(cli_module, "diagnose_backend", diagnose)
+    monkeypatch.setattr(registry, "diagnose_backend", diagnose)  # what backends and doctor call
 
 
 def invoke(*args: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from openclaw_cli import backend as registry
 from openclaw_cli import cli as cli_module
 from openclaw_cli import doctor_checks
 from openclaw_cli.backend import Check
@@ -134,9 +135,7 @@ def test_nothing_is_downloaded_or_converted_to_check(tmp_path: Path, monkeypatch
 
 def test_doctor_shows_warnings_without_failing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(
-        cli_module, "diagnose_backend", lambda name, settings: [Check("backend stand-in", True, "test")]
-    )
+    monkeypatch.setattr(registry, "diagnose_backend", lambda name, settings: [Check("backend stand-in", True, "test")])
     seen: list[Any] = []
 
     def fake_model_checks(settings: Settings) -> list[DoctorCheck]:
