@@ -22,7 +22,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -37,13 +37,12 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_messages,
     to_openai_tools,
 )
-from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned, record_reply
+from openclaw_cli.proxy.capture_handoff import record_reply
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
     assistant_message,
     dropped_tool_tokens,
-    parser_for,
     prepare_prompt,
     render_prompt,
     tool_input,
@@ -54,15 +53,16 @@ from openclaw_cli.proxy.constraints import (
     capture_metadata,
     schema_error,
 )
-from openclaw_cli.proxy.errors import ProxyError, error_body, from_stream_failure
+from openclaw_cli.proxy.errors import ProxyError, error_body
+from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.respond import stream_response, whole_reply_response
 from openclaw_cli.proxy.sse import event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
-from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece, ToolCallPiece
+from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
-from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, ToolCall
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, ToolCall
 
 log = logging.getLogger("openclaw.proxy.anthropic")
 INT32_MAX = 2**31 - 1  # samplers take top_k as int32
@@ -339,73 +339,59 @@ class _Blocks:
         return frames + self.stop()
 
 
-async def _sse(
+def _sse(
     request: Request, state: ProxyState, req: MessagesRequest, prepared: PreparedPrompt, stream: OpenStream
 ) -> AsyncIterator[bytes]:
-    tokenizer = state.backend.tokenizer()
-    splitter = AssistantStreamSplitter(
-        parser_for(tokenizer, prepared.tools_offered),
-        tools_offered=prepared.tools_offered,
-        starts_in_reasoning=prepared.starts_in_reasoning,
+    choices = live_choices(state.backend.tokenizer(), prepared, 1)
+    return guarded_frames(
+        _frames(request, state, req, prepared, stream, choices),
+        api="anthropic",
+        request=request,
+        state=state,
+        call=req,
+        request_id=req.message_id,
+        prepared=prepared,
+        stream=stream,
+        choices=choices,
+        error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
     )
+
+
+async def _frames(
+    request: Request,
+    state: ProxyState,
+    req: MessagesRequest,
+    prepared: PreparedPrompt,
+    stream: OpenStream,
+    choices: list[LiveChoice],
+) -> AsyncGenerator[bytes, None]:
+    splitter = choices[0].splitter
     blocks = _Blocks()
-    partial, failed = PartialReply(), False
     n_prompt = len(prepared.prompt_tokens)
     start_message = message_body(req, [], (None, None), usage(n_prompt, 0))
-    try:
-        yield event_frame("message_start", {"type": "message_start", "message": start_message})
-        yield event_frame("ping", {"type": "ping"})
-        item = stream.first
-        while True:
-            if item is None:
-                yield event_frame("ping", {"type": "ping"})
-            else:
-                _, event = item
-                if isinstance(event, TokenChunk):
-                    partial.add(event)
-                    for piece in splitter.feed(event.text):
-                        for frame in blocks.frames_for(piece):
-                            yield frame
-                else:
-                    partial.finished = True
-                    for piece in splitter.finish():
-                        for frame in blocks.frames_for(piece):
-                            yield frame
-                    for frame in blocks.stop():
-                        yield frame
-                    await _finish(request, state, req, prepared, event, splitter.result())
-                    stop_reason, stop_sequence = stop_reason_for(event, splitter.result())
-                    yield event_frame(
-                        "message_delta",
-                        {
-                            "type": "message_delta",
-                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                            "usage": {"input_tokens": n_prompt, "output_tokens": len(event.tokens)},
-                        },
-                    )
-                    yield event_frame("message_stop", {"type": "message_stop"})
-            try:
-                item = await stream.events.__anext__()
-            except StopAsyncIteration:
-                break
-    except Exception as exc:
-        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
-        failed = True
-        log.error("stream %s failed mid-way: %s", req.message_id, err.message)
-        yield event_frame("error", error_body(err, "anthropic"))
-    finally:
-        if not failed:  # a choice the client left mid-reply is kept as a side turn
-            record_abandoned(
-                api="anthropic",
-                request=request,
-                recorder=state.recorder,
-                tokenizer=tokenizer,
-                call=req,
-                request_id=req.message_id,
-                prepared=prepared,
-                partials=[partial],
+    yield event_frame("message_start", {"type": "message_start", "message": start_message})
+    yield event_frame("ping", {"type": "ping"})
+    async for step in split_stream(stream, choices):
+        if step is None:
+            yield event_frame("ping", {"type": "ping"})
+            continue
+        for piece in step.pieces:
+            for frame in blocks.frames_for(piece):
+                yield frame
+        if step.result is not None:
+            for frame in blocks.stop():
+                yield frame
+            await _finish(request, state, req, prepared, step.result, splitter.result())
+            stop_reason, stop_sequence = stop_reason_for(step.result, splitter.result())
+            yield event_frame(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    "usage": {"input_tokens": n_prompt, "output_tokens": len(step.result.tokens)},
+                },
             )
-        await stream.close()
+            yield event_frame("message_stop", {"type": "message_stop"})
 
 
 async def _finish(

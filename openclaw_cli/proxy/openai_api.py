@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -33,12 +33,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from openclaw_cli.backend import ChatTokenizer
-from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned, record_reply
+from openclaw_cli.proxy.capture_handoff import record_reply
 from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
     assistant_message,
-    parser_for,
     prepare_prompt,
     split_completion,
 )
@@ -49,15 +48,16 @@ from openclaw_cli.proxy.constraints import (
     capture_metadata,
     schema_error,
 )
-from openclaw_cli.proxy.errors import ProxyError, error_body, from_stream_failure
+from openclaw_cli.proxy.errors import ProxyError, error_body
+from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.respond import stream_response, whole_reply_response
 from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, data_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
-from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece
+from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
-from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, TopLogprobs
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TopLogprobs
 
 log = logging.getLogger("openclaw.proxy.openai")
 
@@ -448,24 +448,24 @@ async def _start_stream(request: Request, state: ProxyState, req: ChatRequest, p
     return stream_response(stream, _sse(request, state, req, prepared, stream), partial(response_headers, req))
 
 
-class _ChoiceStream:
-    """Per-choice streaming state: the splitter, the log-prob entries not yet attached to a chunk, and what the
-    client has received so far (recorded as a side turn if it leaves mid-reply)."""
+class _ChunkWriter:
+    """``chat.completion.chunk`` frames for each choice; a frame carries the log-prob entries gathered for its choice
+    since the last one."""
 
-    def __init__(self, splitter: AssistantStreamSplitter) -> None:
-        self.splitter = splitter
-        self.logprobs: list[dict[str, Any]] = []
-        self.partial = PartialReply()
+    def __init__(self, req: ChatRequest, version: int) -> None:
+        self.req = req
+        self.version = version
+        self.logprobs: list[list[dict[str, Any]]] = [[] for _ in range(req.n)]
 
-    def chunk(self, req: ChatRequest, version: int, index: int, delta: dict[str, Any], finish: str | None) -> bytes:
-        """One ``chat.completion.chunk`` frame; it carries the log-prob entries gathered since the last one."""
-        pending, self.logprobs = self.logprobs, []
+    def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        req = self.req
+        pending, self.logprobs[index] = self.logprobs[index], []
         payload: dict[str, Any] = {
             "id": req.request_id,
             "object": "chat.completion.chunk",
             "created": req.created,
             "model": req.model.requested,
-            "system_fingerprint": f"openclaw-v{version}",
+            "system_fingerprint": f"openclaw-v{self.version}",
             "choices": [
                 {
                     "index": index,
@@ -480,90 +480,62 @@ class _ChoiceStream:
         return data_frame(payload)
 
 
-def _choice_streams(tokenizer: ChatTokenizer, prepared: PreparedPrompt, n: int) -> list[_ChoiceStream]:
-    parse = parser_for(tokenizer, prepared.tools_offered)
-    return [
-        _ChoiceStream(
-            AssistantStreamSplitter(
-                parse, tools_offered=prepared.tools_offered, starts_in_reasoning=prepared.starts_in_reasoning
-            )
-        )
-        for _ in range(n)
-    ]
+def _sse(
+    request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt, stream: OpenStream
+) -> AsyncIterator[bytes]:
+    choices = live_choices(state.backend.tokenizer(), prepared, req.n)
+    return guarded_frames(
+        _frames(request, state, req, prepared, stream, choices),
+        api="openai",
+        request=request,
+        state=state,
+        call=req,
+        request_id=req.request_id,
+        prepared=prepared,
+        stream=stream,
+        choices=choices,
+        error_frame=lambda err: data_frame(error_body(err, "openai")),
+    )
 
 
-async def _sse(
+async def _frames(
     request: Request,
     state: ProxyState,
     req: ChatRequest,
     prepared: PreparedPrompt,
     stream: OpenStream,
-) -> AsyncIterator[bytes]:
+    choices: list[LiveChoice],
+) -> AsyncGenerator[bytes, None]:
     tokenizer = state.backend.tokenizer()
     eos = set(tokenizer.eos_token_ids)
-    choices = _choice_streams(tokenizer, prepared, req.n)
+    writer = _ChunkWriter(req, stream.version)
     results: dict[int, SampleResult] = {}
-    failed = False
-    version = stream.version
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return choices[index].chunk(req, version, index, delta, finish)
-
-    try:
-        for i in range(req.n):
-            yield chunk(i, {"role": "assistant", "content": ""})
-        item = stream.first
-        while True:
-            if item is None:
-                yield KEEPALIVE_COMMENT
-            else:
-                index, event = item
-                version = event.version
-                if isinstance(event, TokenChunk):
-                    choices[index].partial.add(event)
-                    if req.logprobs and event.token_id not in eos:
-                        choices[index].logprobs.append(
-                            logprob_entry(
-                                tokenizer, event.token_id, event.logprob, req.top_logprobs, event.top_logprobs
-                            )
-                        )
-                    for piece in choices[index].splitter.feed(event.text):
-                        yield chunk(index, _delta(piece))
-                else:
-                    results[index] = event
-                    choices[index].partial.finished = True
-                    for piece in choices[index].splitter.finish():
-                        yield chunk(index, _delta(piece))
-                    received = choices[index].splitter.result()
-                    finish = finish_reason_for(event, received)
-                    await _record_streamed(request, state, req, prepared, event, received, finish, index)
-                    yield chunk(index, {}, finish)
-            try:
-                item = await stream.events.__anext__()
-            except StopAsyncIteration:
-                break
-        if req.include_usage:
-            counts = usage(len(prepared.prompt_tokens), sum(len(r.tokens) for r in results.values()))
-            yield data_frame({**_usage_chunk_base(req, version), "usage": counts})
-        yield DONE_FRAME
-    except Exception as exc:
-        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
-        failed = True
-        log.error("stream %s failed mid-way: %s", req.request_id, err.message)
-        yield data_frame(error_body(err, "openai"))
-    finally:
-        if not failed:  # a choice the client left mid-reply is kept as a side turn
-            record_abandoned(
-                api="openai",
-                request=request,
-                recorder=state.recorder,
-                tokenizer=tokenizer,
-                call=req,
-                request_id=req.request_id,
-                prepared=prepared,
-                partials=[choice.partial for choice in choices],
-            )
-        await stream.close()
+    for i in range(req.n):
+        yield writer.chunk(i, {"role": "assistant", "content": ""})
+    async for step in split_stream(stream, choices):
+        if step is None:
+            yield KEEPALIVE_COMMENT
+            continue
+        index, token = step.index, step.token
+        if token is not None:
+            writer.version = token.version
+            if req.logprobs and token.token_id not in eos:
+                writer.logprobs[index].append(
+                    logprob_entry(tokenizer, token.token_id, token.logprob, req.top_logprobs, token.top_logprobs)
+                )
+        for piece in step.pieces:
+            yield writer.chunk(index, _delta(piece))
+        if step.result is not None:
+            writer.version = step.result.version
+            results[index] = step.result
+            received = choices[index].splitter.result()
+            finish = finish_reason_for(step.result, received)
+            await _record_streamed(request, state, req, prepared, step.result, received, finish, index)
+            yield writer.chunk(index, {}, finish)
+    if req.include_usage:
+        counts = usage(len(prepared.prompt_tokens), sum(len(r.tokens) for r in results.values()))
+        yield data_frame({**_usage_chunk_base(req, writer.version), "usage": counts})
+    yield DONE_FRAME
 
 
 async def _record_streamed(

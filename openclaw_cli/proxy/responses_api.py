@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -35,10 +35,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned, record_reply
-from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, parser_for, prepare_prompt
+from openclaw_cli.proxy.capture_handoff import record_reply
+from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, prepare_prompt
 from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata
-from openclaw_cli.proxy.errors import ProxyError, from_stream_failure
+from openclaw_cli.proxy.errors import ProxyError
+from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.openai_api import parse_constraints, parse_tools
 from openclaw_cli.proxy.respond import stream_response, whole_reply_response
@@ -52,9 +53,9 @@ from openclaw_cli.proxy.responses_convert import (
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
-from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, Piece, ReasoningPiece, ToolCallPiece
+from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body
-from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TokenChunk, ToolCall
+from openclaw_cli.types import Message, ParsedAssistant, SampleResult, ToolCall
 
 log = logging.getLogger("openclaw.proxy.responses")
 
@@ -495,65 +496,52 @@ async def _failed_stream(req: ResponsesRequest, err: ProxyError) -> AsyncIterato
     yield events.frame("response.failed", response=failed_body(req, err))
 
 
-async def _sse(
+def _sse(
     request: Request, state: ProxyState, req: ResponsesRequest, prepared: PreparedPrompt, stream: OpenStream
 ) -> AsyncIterator[bytes]:
-    tokenizer = state.backend.tokenizer()
-    splitter = AssistantStreamSplitter(
-        parser_for(tokenizer, prepared.tools_offered),
-        tools_offered=prepared.tools_offered,
-        starts_in_reasoning=prepared.starts_in_reasoning,
+    choices = live_choices(state.backend.tokenizer(), prepared, 1)
+    events = _Events(req)  # one sequence_number count for the frames and a failure's frame
+    return guarded_frames(
+        _frames(request, state, req, prepared, stream, choices, events),
+        api="responses",
+        request=request,
+        state=state,
+        call=req,
+        request_id=req.response_id,
+        prepared=prepared,
+        stream=stream,
+        choices=choices,
+        error_frame=lambda err: events.frame("response.failed", response=failed_body(req, err)),
     )
-    events = _Events(req)
-    partial, failed = PartialReply(), False
+
+
+async def _frames(
+    request: Request,
+    state: ProxyState,
+    req: ResponsesRequest,
+    prepared: PreparedPrompt,
+    stream: OpenStream,
+    choices: list[LiveChoice],
+    events: _Events,
+) -> AsyncGenerator[bytes, None]:
+    splitter = choices[0].splitter
     started = response_body(req, status="in_progress", output=[], usage_counts=None)
-    try:
-        yield events.frame("response.created", response=started)
-        yield events.frame("response.in_progress", response=started)
-        item = stream.first
-        while True:
-            if item is None:
-                yield KEEPALIVE_COMMENT
-            else:
-                _, event = item
-                if isinstance(event, TokenChunk):
-                    partial.add(event)
-                    for piece in splitter.feed(event.text):
-                        for frame in events.piece(piece):
-                            yield frame
-                else:
-                    partial.finished = True
-                    for piece in splitter.finish():
-                        for frame in events.piece(piece):
-                            yield frame
-                    for frame in events.close():
-                        yield frame
-                    body = await _finish(
-                        request, state, req, prepared, event, splitter.result(), list(events.items), stream=True
-                    )
-                    yield events.frame("response.completed", response=body)
-            try:
-                item = await stream.events.__anext__()
-            except StopAsyncIteration:
-                break
-    except Exception as exc:
-        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
-        failed = True
-        log.error("stream %s failed mid-way: %s", req.response_id, err.message)
-        yield events.frame("response.failed", response=failed_body(req, err))
-    finally:
-        if not failed:  # a choice the client left mid-reply is kept as a side turn
-            record_abandoned(
-                api="responses",
-                request=request,
-                recorder=state.recorder,
-                tokenizer=tokenizer,
-                call=req,
-                request_id=req.response_id,
-                prepared=prepared,
-                partials=[partial],
+    yield events.frame("response.created", response=started)
+    yield events.frame("response.in_progress", response=started)
+    async for step in split_stream(stream, choices):
+        if step is None:
+            yield KEEPALIVE_COMMENT
+            continue
+        for piece in step.pieces:
+            for frame in events.piece(piece):
+                yield frame
+        if step.result is not None:
+            for frame in events.close():
+                yield frame
+            body = await _finish(
+                request, state, req, prepared, step.result, splitter.result(), list(events.items), stream=True
             )
-        await stream.close()
+            yield events.frame("response.completed", response=body)
 
 
 routes = [Route("/v1/responses", create_response, methods=["POST"])]
