@@ -43,7 +43,6 @@ from openclaw_cli.proxy.completion import (
     SamplingRequest,
     assistant_message,
     dropped_tool_tokens,
-    prepare_prompt,
     render_prompt,
     tool_input,
 )
@@ -56,10 +55,10 @@ from openclaw_cli.proxy.constraints import (
 from openclaw_cli.proxy.errors import ProxyError, error_body
 from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
 from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.respond import stream_response, whole_reply_response
+from openclaw_cli.proxy.respond import answer, prepare_request
 from openclaw_cli.proxy.sse import event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
-from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.proxy.stream_open import OpenStream
 from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, ToolCall
@@ -231,30 +230,18 @@ async def create_message(request: Request) -> Response:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     req = parse_messages_request(body, state)
-    prepared = await prepare_prompt(
-        state.backend,
-        req.messages,
-        req.tools,
-        tools_offered=req.tools_offered,
-        sampling=req.sampling,
-        default_max_tokens=state.settings.proxy.default_max_tokens,
-        max_output_tokens=state.settings.proxy.max_output_tokens,
-    )
-    headers = partial(response_headers, req)
-    if req.stream and not req.constraints.active:
-        stream = await open_stream(state, prepared)
-        return stream_response(stream, _sse(request, state, req, prepared, stream), headers)
-    return await whole_reply_response(
+    prepared = await prepare_request(state, req)
+    return await answer(
         request,
         state,
+        req,
         prepared,
         n=1,
-        constraints=req.constraints,
-        stream=req.stream,
+        live=lambda stream: _sse(request, state, req, prepared, stream),
         record=lambda sampled: _recorded_body(request, state, req, prepared, sampled[0]),
         as_stream=_replay_as_stream,
         error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
-        headers=headers,
+        headers=partial(response_headers, req),
     )
 
 

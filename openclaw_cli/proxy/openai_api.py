@@ -38,7 +38,6 @@ from openclaw_cli.proxy.completion import (
     PreparedPrompt,
     SamplingRequest,
     assistant_message,
-    prepare_prompt,
     split_completion,
 )
 from openclaw_cli.proxy.constraints import (
@@ -51,10 +50,10 @@ from openclaw_cli.proxy.constraints import (
 from openclaw_cli.proxy.errors import ProxyError, error_body
 from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
 from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.respond import stream_response, whole_reply_response
+from openclaw_cli.proxy.respond import answer, prepare_request
 from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, data_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
-from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.proxy.stream_open import OpenStream
 from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body, string_list
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, TopLogprobs
@@ -344,30 +343,14 @@ async def chat_completions(request: Request) -> Response:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     req = parse_chat_request(body, state)
-    prepared = await prepare_prompt(
-        state.backend,
-        req.messages,
-        req.tools,
-        tools_offered=req.tools_offered,
-        sampling=req.sampling,
-        default_max_tokens=state.settings.proxy.default_max_tokens,
-        max_output_tokens=state.settings.proxy.max_output_tokens,
-    )
-    if req.stream and not req.constraints.active:
-        return await _start_stream(request, state, req, prepared)
-    return await _complete(request, state, req, prepared)
-
-
-async def _complete(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
-    """The whole reply at once: as JSON, or (a constrained request with stream true) as a stream sent once the reply
-    is known (see openclaw_cli.proxy.respond)."""
-    return await whole_reply_response(
+    prepared = await prepare_request(state, req)
+    return await answer(
         request,
         state,
+        req,
         prepared,
         n=req.n,
-        constraints=req.constraints,
-        stream=req.stream,
+        live=lambda stream: _sse(request, state, req, prepared, stream),
         record=lambda sampled: _recorded_body(request, state, req, prepared, sampled),
         as_stream=partial(_replay_as_stream, req),
         error_frame=lambda err: data_frame(error_body(err, "openai")),
@@ -441,11 +424,6 @@ async def _replay_as_stream(req: ChatRequest, body: dict[str, Any]) -> AsyncIter
     if req.include_usage:
         yield data_frame({**base, "choices": [], "usage": body["usage"]})
     yield DONE_FRAME
-
-
-async def _start_stream(request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt) -> Response:
-    stream = await open_stream(state, prepared, req.n)
-    return stream_response(stream, _sse(request, state, req, prepared, stream), partial(response_headers, req))
 
 
 class _ChunkWriter:

@@ -1,5 +1,6 @@
 """The two ways every API answers a generation request, shared by Chat Completions, Responses and Messages.
 
+- :func:`answer`: picks between the two for a parsed request (:func:`prepare_request` renders and budgets it).
 - :func:`stream_response`: a live SSE stream of the backend's tokens (the stream is opened before the response
   starts, so a failure to start is still an HTTP error; it is closed when the client leaves, even before the body).
 - :func:`whole_reply_response`: the reply sampled whole (checked against the request's constraints), answered as
@@ -13,23 +14,80 @@ error frame and headers.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.completion import PreparedPrompt
+from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, prepare_prompt
 from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE
 from openclaw_cli.proxy.state import ProxyState
-from openclaw_cli.proxy.stream_open import OpenStream
+from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.types import Message
 
 RecordBody = Callable[[list[Sampled]], Awaitable[tuple[dict[str, Any], int]]]  # -> (body, version), recorded first
 Headers = Callable[[int], dict[str, str]]  # the API's response headers for a policy version
+
+
+class GenerationRequest(Protocol):
+    """What every API's parsed request carries for rendering, budgeting and answering."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    tools_offered: bool
+    sampling: SamplingRequest
+    stream: bool
+    constraints: ReplyConstraints
+
+
+async def prepare_request(state: ProxyState, req: GenerationRequest) -> PreparedPrompt:
+    """The request's prompt rendered and its reply budgeted under the proxy's limits (see ``prepare_prompt``)."""
+    return await prepare_prompt(
+        state.backend,
+        req.messages,
+        req.tools,
+        tools_offered=req.tools_offered,
+        sampling=req.sampling,
+        default_max_tokens=state.settings.proxy.default_max_tokens,
+        max_output_tokens=state.settings.proxy.max_output_tokens,
+    )
+
+
+async def answer(
+    request: Request,
+    state: ProxyState,
+    req: GenerationRequest,
+    prepared: PreparedPrompt,
+    *,
+    n: int,
+    live: Callable[[OpenStream], AsyncIterator[bytes]],
+    record: RecordBody,
+    as_stream: Callable[[dict[str, Any]], AsyncIterator[bytes]],
+    error_frame: Callable[[ProxyError], bytes],
+    headers: Headers,
+) -> Response:
+    """A live stream of the backend's tokens (``live`` writes its frames) when the client streams and nothing has to
+    be checked before it is sent; else the whole reply (JSON, or replayed as a stream)."""
+    if req.stream and not req.constraints.active:
+        opened = await open_stream(state, prepared, n)
+        return stream_response(opened, live(opened), headers)
+    return await whole_reply_response(
+        request,
+        state,
+        prepared,
+        n=n,
+        constraints=req.constraints,
+        stream=req.stream,
+        record=record,
+        as_stream=as_stream,
+        error_frame=error_frame,
+        headers=headers,
+    )
 
 
 def stream_response(stream: OpenStream, frames: AsyncIterator[bytes], headers: Headers) -> StreamingResponse:

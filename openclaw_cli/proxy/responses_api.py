@@ -36,13 +36,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from openclaw_cli.proxy.capture_handoff import record_reply
-from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message, prepare_prompt
+from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message
 from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata
 from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
 from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.openai_api import parse_constraints, parse_tools
-from openclaw_cli.proxy.respond import stream_response, whole_reply_response
+from openclaw_cli.proxy.respond import answer, prepare_request
 from openclaw_cli.proxy.response_store import KEEP_RESPONSES
 from openclaw_cli.proxy.responses_convert import (
     CUSTOM_INPUT_KEY,
@@ -52,7 +52,7 @@ from openclaw_cli.proxy.responses_convert import (
 )
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE, event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
-from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.proxy.stream_open import OpenStream
 from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, ToolCall
@@ -279,15 +279,7 @@ async def create_response(request: Request) -> Response:
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     req = parse_responses_request(body, state)
     try:
-        prepared = await prepare_prompt(
-            state.backend,
-            req.messages,
-            req.tools,
-            tools_offered=req.tools_offered,
-            sampling=req.sampling,
-            default_max_tokens=state.settings.proxy.default_max_tokens,
-            max_output_tokens=state.settings.proxy.max_output_tokens,
-        )
+        prepared = await prepare_request(state, req)
     except ProxyError as err:
         if not (req.stream and err.code == "context_length_exceeded"):
             raise
@@ -297,21 +289,17 @@ async def create_response(request: Request) -> Response:
             media_type=SSE_MEDIA_TYPE,
             headers={**SSE_HEADERS, "x-request-id": req.response_id},
         )
-    headers = partial(response_headers, req)
-    if req.stream and not req.constraints.active:
-        stream = await open_stream(state, prepared)
-        return stream_response(stream, _sse(request, state, req, prepared, stream), headers)
-    return await whole_reply_response(
+    return await answer(
         request,
         state,
+        req,
         prepared,
         n=1,
-        constraints=req.constraints,
-        stream=req.stream,
+        live=lambda stream: _sse(request, state, req, prepared, stream),
         record=lambda sampled: _recorded_body(request, state, req, prepared, sampled[0]),
         as_stream=partial(_replay_as_stream, req),
         error_frame=lambda err: _Events(req).frame("response.failed", response=failed_body(req, err)),
-        headers=headers,
+        headers=partial(response_headers, req),
     )
 
 
