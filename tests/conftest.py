@@ -29,6 +29,15 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return HFChatTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.fixture(scope="session")
+def learnable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its (tied) embeddings scaled up, so LoRA can change what it says (see
+    tests/e2e_scenario.py); shared by the e2e learning tests of every backend."""
+    from e2e_scenario import make_learnable_model
+
+    return make_learnable_model(tiny_model_dir, tmp_path_factory.mktemp("learnable-tiny") / "model")
+
+
 @pytest.fixture
 def make_proxy(tiny_tokenizer):
     """``make_proxy(*replies, settings=, backend=, sink=, token_delay_s=)``: the proxy over a FakeBackend that

@@ -17,13 +17,11 @@ import pytest
 from e2e_scenario import (
     LORA_ALPHA,
     LORA_RANK,
-    REPLIES_PER_SESSION,
-    SESSIONS_PER_STEP,
     STEPS,
     ScriptedJudge,
+    assert_learned,
     e2e_settings,
     free_port,
-    make_learnable_model,
     run_scenario,
 )
 
@@ -33,11 +31,6 @@ from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDoub
 pytestmark = pytest.mark.timeout(240)
 
 BASE_MODEL = "accounts/fireworks/models/tiny-learnable"
-
-
-@pytest.fixture(scope="module")
-def learnable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_learnable_model(tiny_model_dir, tmp_path_factory.mktemp("learnable-tiny") / "model")
 
 
 @pytest.fixture
@@ -60,16 +53,7 @@ async def test_served_policy_learns_through_fireworks_stepwise_training(
     judge = ScriptedJudge()
     result = await run_scenario(settings, judge)
 
-    assert result.version == STEPS and [s[1] for s in result.steps] == list(range(1, STEPS + 1))
-    rewards = [metrics["mean_reward"] for _, _, _, metrics in result.steps]
-    assert all(metrics["n_batch"] == 8 and metrics["n_samples"] <= 6 for *_, metrics in result.steps)
-    assert judge.calls == STEPS * SESSIONS_PER_STEP * (REPLIES_PER_SESSION - 1)
-    print(
-        f"behaviour rate {result.rate_before:.2f} -> {result.rate_after:.2f}; rounds {result.round_rates}; "
-        f"rewards {rewards}"
-    )
-    assert result.rate_after >= result.rate_before + 0.5, result
-    assert sum(rewards[-2:]) / 2 >= rewards[0] + 0.5, rewards
+    assert_learned(result, judge)
 
     # Everything went over the wire: one LoRA run with our rank and alpha, a forward_backward + optim_step + sampler
     # snapshot per step (each future polled through try_again), serving from those snapshots, and the shutdown
