@@ -397,6 +397,25 @@ async def test_stepwise_mode_without_its_module_points_at_batch_mode(monkeypatch
         backend.current_version()
 
 
+async def test_the_facade_hands_discard_gradients_to_the_mode_so_the_trainer_may_retry_a_step() -> None:
+    """The trainer retries a failed step only on a backend with discard_gradients (else a retry could count a datum
+    twice); the facade has it, and it reaches the started mode."""
+
+    class Mode:
+        discarded = 0
+
+        async def discard_gradients(self) -> None:
+            self.discarded += 1
+
+    backend = FireworksBackend(Settings(backend="fireworks"))
+    with pytest.raises(BackendError, match="not started"):
+        await backend.discard_gradients()
+    mode = Mode()
+    backend.impl = mode  # type: ignore[assignment]
+    await backend.discard_gradients()
+    assert mode.discarded == 1
+
+
 def test_diagnose_reports_both_modes_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FIREWORKS_API_KEY", "fw-diag-secret")
     monkeypatch.delenv("FIREWORKS_ACCOUNT_ID", raising=False)

@@ -114,6 +114,11 @@ class FireworksBackend:
     ) -> FwdBwdResult:
         return await self._require().forward_backward(datums, loss, loss_config)
 
+    async def discard_gradients(self) -> None:
+        # Both modes have it (batch: a no-op, its rows are keyed by tokens; stepwise: the Tinker-shaped one), so the
+        # trainer may retry a failed step here too.
+        await self._require().discard_gradients()
+
     async def optim_step(self, adam: AdamParams) -> StepResult:
         return await self._require().optim_step(adam)
 
