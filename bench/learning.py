@@ -356,6 +356,11 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
             plot_reward_over_steps(store.steps(), path)
             print(f"reward-over-steps plot: {path}")
         after = await ask_held_out(backend, told=False, max_tokens=args.max_tokens)
+        # Also at the end of each run, so a long bench shows its results as they come.
+        print(
+            f"held-out after this run, plain: {after.words:5.1f} words, hits {after.hits:.2f}, "
+            f"distinct {after.distinct:.2f}"
+        )
         server.should_exit = True
         with contextlib.suppress(Exception):
             await server_task
