@@ -363,35 +363,24 @@ async def _recorded_body(
 ) -> tuple[dict[str, Any], int]:
     """The completion body for ``sampled`` and the version that answered; each choice recorded first."""
     tokenizer = state.backend.tokenizer()
-    choices, finishes, messages = [], [], []
+    choices = []
     for i, sample in enumerate(sampled):
         parsed = req.constraints.visible(sample.parsed)
         finish, message = finish_reason_for(sample.result, parsed), assistant_message(parsed)
         lp = {"content": logprob_entries(tokenizer, sample.result, req.top_logprobs)} if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
-        finishes.append(finish)
-        messages.append(message)
     version = sampled[0].result.version
     total = usage(len(prepared.prompt_tokens), sum(len(s.result.tokens) for s in sampled))
     body = completion_body(req, version, choices, total)
-    for i, sample in enumerate(sampled):
-        result = sample.result
-        single = completion_body(
-            req, result.version, [choices[i]], usage(len(prepared.prompt_tokens), len(result.tokens))
-        )
-        await record_reply(
-            state.recorder,
-            api="openai",
-            request=request,
-            call=req,
-            request_id=req.request_id,
-            prepared=prepared,
-            result=result,
-            finish_reason=finishes[i],
-            message=messages[i],
-            response=single,
+    for choice, sample in zip(choices, sampled, strict=True):
+        await _record_choice(
+            request,
+            state,
+            req,
+            prepared,
+            sample.result,
+            choice,
             stream=req.stream,
-            choice_index=i,
             extra=capture_metadata(req.constraints, sample),
         )
     return body, version
@@ -534,6 +523,21 @@ async def _record_streamed(
     message = assistant_message(received)
     lp = {"content": logprob_entries(tokenizer, result, req.top_logprobs)} if req.logprobs else None
     choice = {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
+    await _record_choice(request, state, req, prepared, result, choice, stream=True)
+
+
+async def _record_choice(
+    request: Request,
+    state: ProxyState,
+    req: ChatRequest,
+    prepared: PreparedPrompt,
+    result: SampleResult,
+    choice: dict[str, Any],
+    *,
+    stream: bool,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Record one choice as its own turn, with the single-choice completion body it would have been answered with."""
     single = completion_body(req, result.version, [choice], usage(len(prepared.prompt_tokens), len(result.tokens)))
     await record_reply(
         state.recorder,
@@ -543,11 +547,12 @@ async def _record_streamed(
         request_id=req.request_id,
         prepared=prepared,
         result=result,
-        finish_reason=finish,
-        message=message,
+        finish_reason=choice["finish_reason"],
+        message=choice["message"],
         response=single,
-        stream=True,
-        choice_index=index,
+        stream=stream,
+        choice_index=choice["index"],
+        extra=extra,
     )
 
 
