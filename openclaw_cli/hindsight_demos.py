@@ -10,14 +10,19 @@ that answer *without* it, with a constant positive advantage ``train.demo_weight
 ``eps_high``). This is context distillation from the user's own words, and what the learning target asks for: the
 bot, asked plainly, answers as the base model does when told.
 
-A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats a run
-of four words of the hint (the teacher echoing the user's words is not an answer), or is implausible as a reply to
-the plain conversation (mean log-probability under the current policy below :data:`MIN_MEAN_LOGPROB`: e.g. the
-hint "thanks; next question: ..." makes the teacher answer the *next* question).
+A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats
+itself (fewer than half its words distinct: 'The answer is "The answer is "...'), echoes the hint (four words of
+it in a row, or the whole demonstration is a run of the hint's words: "Try again."), or is implausible as a reply
+to the plain conversation: mean log-probability under the frozen base model below :data:`MIN_MEAN_LOGPROB`. Measured
+on SmolLM2 on demonstrations it wrote in a learning run: answers to the question score -0.3 to -2.0 a token; the
+teacher's junk ("You are an empowered and helpful AI assistant.", the *next* question a "thanks; next question:
+..." hint asked, "Try again.") -3.5 to -5. The base, not the policy, so that a policy that drifted towards junk
+cannot vouch for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -30,8 +35,8 @@ log = logging.getLogger("openclaw.trainer")
 
 BASE_VERSION = 0
 HINT_ECHO_WORDS = 4
-# Per-token mean log-probability of the demonstration under the current policy given the plain conversation. A
-# shorter or better phrased answer to the same question stays well above it; an answer to another question does not.
+# Per-token mean log-probability of the demonstration under the base model given the plain conversation (see the
+# module docstring for what it separates).
 MIN_MEAN_LOGPROB = -2.5
 _WORD = re.compile(r"[a-z0-9']+")
 
@@ -42,8 +47,18 @@ def _word_runs(text: str, n: int) -> set[tuple[str, ...]]:
 
 
 def echoes_hint(reply: str, hint: str, n: int = HINT_ECHO_WORDS) -> bool:
-    """True when the reply repeats ``n`` consecutive words of the hint (case and punctuation ignored)."""
+    """True when the reply repeats ``n`` consecutive words of the hint, or is itself a shorter run of the hint's words
+    (case and punctuation ignored)."""
+    words = _WORD.findall(reply.lower())
+    if 0 < len(words) < n:
+        return tuple(words) in _word_runs(hint, len(words))
     return bool(_word_runs(reply, n) & _word_runs(hint, n))
+
+
+def repeats_itself(reply: str) -> bool:
+    """Fewer than half the words distinct (the collapse guard's own threshold)."""
+    words = _WORD.findall(reply.lower())
+    return len(words) >= 4 and len(set(words)) < 0.5 * len(words)
 
 
 async def hindsight_demo(
@@ -64,23 +79,26 @@ async def hindsight_demo(
     if not reply.tokens or not text or reply.finish_reason != "stop":
         log.debug("turn %d: demonstration dropped (empty or cut off): %r", turn.id, text[:80])
         return None
-    if echoes_hint(text, hint):
-        log.debug("turn %d: demonstration dropped (echoes the hint): %r", turn.id, text[:80])
+    if echoes_hint(text, hint) or repeats_itself(text):
+        log.debug("turn %d: demonstration dropped (echoes the hint or itself): %r", turn.id, text[:80])
         return None
     prompt = list(turn.prompt_tokens)
+    tokens = prompt + list(reply.tokens)
     try:
-        scored = await backend.compute_logprobs(prompt + list(reply.tokens))
+        base, current = await asyncio.gather(
+            backend.compute_logprobs(tokens, base=True), backend.compute_logprobs(tokens)
+        )
     except Exception as exc:
         log.warning("turn %d: cannot score the hindsight demonstration: %s", turn.id, exc)
         return None
-    tail = scored[len(prompt) :]
-    if len(tail) != len(reply.tokens) or any(v is None for v in tail):
+    base_tail, tail = base[len(prompt) :], current[len(prompt) :]
+    if len(tail) != len(reply.tokens) or any(v is None for v in (*tail, *base_tail)):
         return None
-    logprobs = [float(v) for v in tail if v is not None]
-    mean = sum(logprobs) / len(logprobs)
+    mean = sum(float(v) for v in base_tail if v is not None) / len(base_tail)
     if mean < MIN_MEAN_LOGPROB:
         log.debug("turn %d: demonstration dropped (implausible, mean logprob %.2f): %r", turn.id, mean, text[:80])
         return None
+    logprobs = [float(v) for v in tail if v is not None]
     log.debug("turn %d: demonstration (mean logprob %.2f): %r", turn.id, mean, text[:80])
     return TrainSample(
         turn_id=turn.id,

@@ -15,7 +15,7 @@ from openclaw_cli.algorithms import (
     ppo_loss_config,
     teacher_messages,
 )
-from openclaw_cli.hindsight_demos import echoes_hint
+from openclaw_cli.hindsight_demos import echoes_hint, repeats_itself
 from openclaw_cli.settings import TrainSettings
 
 
@@ -190,7 +190,15 @@ def test_echoes_hint_is_four_words_of_the_hint_in_a_row() -> None:
     assert echoes_hint("Sure: answer in one short sentence.", hint)
     assert echoes_hint("THAT IS FAR too long", hint)  # case and punctuation do not hide it
     assert not echoes_hint("Paris is the capital of France, in one sentence.", hint)
-    assert not echoes_hint("too long", hint)
+    assert echoes_hint("Try again.", "No, that does not answer my question. Try again.")  # all of it is the hint's
+    assert not echoes_hint("Paris again.", "No, that does not answer my question. Try again.")
+    assert not echoes_hint("long too", hint)  # the hint's words, not a run of them
+
+
+def test_a_demonstration_that_repeats_itself_is_told_apart() -> None:
+    assert repeats_itself('The answer is "The answer is "The answer is "')
+    assert not repeats_itself("Paris is the capital of France.")
+    assert not repeats_itself("No no no")  # too short to judge
 
 
 def test_a_batch_without_signal_gives_no_datums() -> None:

@@ -40,6 +40,7 @@ class RecordingBackend:
         self.accumulated: list[Datum] = []  # what a real trainer would hold as gradients
         self.stepped_on: list[int] = []  # datums accumulated at each successful optim_step
         self.demo_text = "Paris."  # what the base model answers when it reads a hint (hindsight demonstrations)
+        self.base_logprob: float | None = None  # when set, the base model's log-probability of every token
 
     def tokenizer(self) -> Any:
         return self._tokenizer
@@ -55,6 +56,8 @@ class RecordingBackend:
 
     async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
         self.calls.append(("compute_logprobs", (list(tokens), base)))
+        if base and self.base_logprob is not None:
+            return [None] + [self.base_logprob] * (len(tokens) - 1)
         return [None] + [-0.1 * i for i in range(1, len(tokens))]
 
     async def forward_backward(
@@ -267,6 +270,7 @@ async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_mode
     assert world.backend.called("sample") == [(teacher_prompt, 0.0, 0)]  # the base model, greedy, with the hint
     # Scored by the current policy in the plain context: those are the demo's "sampler" logprobs (ratio 1 at first).
     assert ([*PROMPT, 31, 32], False) in world.backend.called("compute_logprobs")
+    assert ([*PROMPT, 31, 32], True) in world.backend.called("compute_logprobs")  # the base vouches for it
     demo = world.backend.datums[0][1]
     assert demo.model_input[len(PROMPT) :] == [31]  # the prompt is the plain one, no hint
     assert completion_part(demo, "logprobs") == pytest.approx([-0.1 * 3, -0.1 * 4])
@@ -277,15 +281,20 @@ async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_mode
 
 
 @pytest.mark.parametrize(
-    ("score", "demo_text", "why"),
-    [(1, "Paris.", "approved"), (-1, "No, answer in one word.", "echoes the hint")],
+    ("score", "demo_text", "base_logprob", "why"),
+    [
+        (1, "Paris.", None, "approved"),
+        (-1, "No, answer in one word.", None, "echoes the hint"),
+        (-1, "Paris.", -3.0, "implausible under the base model"),
+    ],
 )
-async def test_no_demonstration_for_an_approved_turn_or_one_that_echoes_the_hint(
-    tmp_path: Path, tiny_tokenizer: Any, score: int, demo_text: str, why: str
+async def test_no_demonstration_for_an_approved_turn_or_an_unusable_one(
+    tmp_path: Path, tiny_tokenizer: Any, score: int, demo_text: str, base_logprob: float | None, why: str
 ) -> None:
     world = World(tmp_path, tiny_tokenizer, batch_size=1)
     world.settings.method = "opd"
     world.backend.demo_text = demo_text
+    world.backend.base_logprob = base_logprob
     world.ready_turn([21, 22], score=score, hint="No, answer in one word.")
     report = await world.loop().run_once()
     assert report is not None and report.metrics["demos"] == 0 and report.metrics["n_samples"] == 1, why
