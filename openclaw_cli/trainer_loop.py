@@ -477,7 +477,6 @@ class TrainerLoop:
         rewards: list[float] = []
         unusable = 0
         train = self.settings.train
-        version = self.backend.current_version().version
         for turn in batch:
             verdict = self._verdicts.get(turn.id)
             if verdict is None:
@@ -513,7 +512,7 @@ class TrainerLoop:
                             hint,
                             weight=train.demo_weight,
                             max_tokens=train.demo_max_tokens,
-                            version=version,
+                            version=self.backend.current_version().version,
                         )
                     )
             base = None
