@@ -82,16 +82,9 @@ class ChatTokenizer(Protocol):
         ...
 
 
-@runtime_checkable
-class Backend(Protocol):
-    name: str
-
-    async def start(self) -> None:
-        """Load models / open sessions. Raises BackendError with a clear message on failure."""
-
-    def tokenizer(self) -> ChatTokenizer: ...
-
-    def current_version(self) -> PolicyVersion: ...
+class Serves(Protocol):
+    """Sampling a completion, whole or streamed, from a policy version (None = the current one): what a backend
+    answers requests with, and what a sampler that keeps versions offers a backend built on it."""
 
     async def sample(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
@@ -100,6 +93,18 @@ class Backend(Protocol):
     def stream(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
     ) -> AsyncIterator[StreamEvent]: ...
+
+
+@runtime_checkable
+class Backend(Serves, Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Load models / open sessions. Raises BackendError with a clear message on failure."""
+
+    def tokenizer(self) -> ChatTokenizer: ...
+
+    def current_version(self) -> PolicyVersion: ...
 
     async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
         """log p(tokens[i] | tokens[:i]) for every position; index 0 is None (Tinker's convention).

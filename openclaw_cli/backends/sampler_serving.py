@@ -11,19 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from openclaw_cli.backend import Serves as ServingSampler
 from openclaw_cli.types import SampleResult, SamplingParams, StreamEvent
 
 BASE_VERSION = 0  # every backend numbers the frozen base model 0
-
-
-class ServingSampler(Protocol):
-    async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> SampleResult: ...
-
-    def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> AsyncIterator[StreamEvent]: ...
 
 
 class ScoringSampler(Protocol):
