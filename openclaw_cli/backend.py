@@ -82,6 +82,9 @@ class ChatTokenizer(Protocol):
         ...
 
 
+BASE_VERSION = 0  # every backend numbers the frozen base model 0 (``sample(..., version=BASE_VERSION)``)
+
+
 class Serves(Protocol):
     """Sampling a completion, whole or streamed, from a policy version (None = the current one): what a backend
     answers requests with, and what a sampler that keeps versions offers a backend built on it."""

@@ -26,14 +26,13 @@ import asyncio
 import logging
 import re
 
-from openclaw_cli.algorithms import TrainSample, teacher_messages
-from openclaw_cli.backend import Backend
+from openclaw_cli.algorithms import TrainSample
+from openclaw_cli.backend import BASE_VERSION, Backend
 from openclaw_cli.store import TurnRecord
 from openclaw_cli.types import SamplingParams
 
 log = logging.getLogger("openclaw.trainer")
 
-BASE_VERSION = 0
 HINT_ECHO_WORDS = 4
 # Per-token mean log-probability of the demonstration under the base model given the plain conversation (see the
 # module docstring for what it separates).
@@ -62,13 +61,19 @@ def repeats_itself(reply: str) -> bool:
 
 
 async def hindsight_demo(
-    backend: Backend, turn: TurnRecord, hint: str, *, weight: float, max_tokens: int, version: int
+    backend: Backend,
+    turn: TurnRecord,
+    hint: str,
+    hinted_prompt: list[int],
+    *,
+    weight: float,
+    max_tokens: int,
+    version: int,
 ) -> TrainSample | None:
-    """The base model's hinted reply to ``turn``'s conversation as a positive sample without the hint, or None when
-    it cannot be written or is not usable (see the module docstring)."""
-    tokenizer = backend.tokenizer()
+    """The base model's reply to ``hinted_prompt`` (``turn``'s conversation with ``hint``, as the OPD teacher reads
+    it) as a positive sample without the hint, or None when it cannot be written or is not usable (see the module
+    docstring)."""
     try:
-        hinted_prompt = tokenizer.render(teacher_messages(turn.messages, hint), turn.tools)
         reply = await backend.sample(
             hinted_prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), version=BASE_VERSION
         )

@@ -503,13 +503,17 @@ class TrainerLoop:
             teacher = None
             hint = verdict.get("hint")
             if self.settings.method != "rl" and isinstance(hint, str) and hint.strip():
-                teacher = await self._teacher_logprobs(turn, hint)
-                if teacher is not None and train.demo_weight > 0 and (reward is None or reward <= 0):
+                hinted = self._hinted_prompt(turn, hint)
+                if hinted is not None:  # scoring may still fail, e.g. the hint pushes it past the context limit
+                    teacher = await self._base_completion_logprobs(turn, hinted, "the OPD teacher (reward only)")
+                unapproved = reward is None or reward <= 0
+                if hinted is not None and teacher is not None and train.demo_weight > 0 and unapproved:
                     demos.append(
                         hindsight_demo(
                             self.backend,
                             turn,
                             hint,
+                            hinted,
                             weight=train.demo_weight,
                             max_tokens=train.demo_max_tokens,
                             version=self.backend.current_version().version,
@@ -536,15 +540,13 @@ class TrainerLoop:
         samples += [demo for demo in await asyncio.gather(*demos) if demo is not None]
         return samples, rewards, unusable
 
-    async def _teacher_logprobs(self, turn: TurnRecord, hint: str) -> list[float] | None:
-        """log pi_base(a_t | prompt + hint) for the completion tokens, or None when it cannot be scored."""
+    def _hinted_prompt(self, turn: TurnRecord, hint: str) -> list[int] | None:
+        """The OPD teacher's prompt (the conversation with the hint), rendered; None (logged) when it cannot be."""
         try:
-            prompt = self.backend.tokenizer().render(teacher_messages(turn.messages, hint), turn.tools)
+            return self.backend.tokenizer().render(teacher_messages(turn.messages, hint), turn.tools)
         except Exception as exc:
             log.warning("turn %d: cannot render the OPD teacher's prompt (%s); using its reward only", turn.id, exc)
             return None
-        # e.g. the hint pushes the context past the model's limit
-        return await self._base_completion_logprobs(turn, prompt, "the OPD teacher (using its reward only)")
 
     async def _base_logprobs(self, turn: TurnRecord) -> list[float] | None:
         """log pi_base(a_t | prompt) for the completion tokens (the KL anchor), or None when it cannot be scored."""

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from openclaw_cli.backend import BASE_VERSION
 from openclaw_cli.backend import Serves as ServingSampler
 from openclaw_cli.types import SampleResult, SamplingParams, StreamEvent
-
-BASE_VERSION = 0  # every backend numbers the frozen base model 0
 
 
 class ScoringSampler(Protocol):
