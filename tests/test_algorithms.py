@@ -57,7 +57,7 @@ def test_hybrid_dispatch_per_turn() -> None:
     assert hybrid_advantages(old_logprobs=old, reward=None, teacher_logprobs=None) is None
 
 
-def test_teacher_messages_append_hint_to_last_user_message() -> None:
+def test_teacher_messages_append_hint_to_last_user_message_once_the_model_has_replied() -> None:
     messages = [
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "ok"},
@@ -66,9 +66,27 @@ def test_teacher_messages_append_hint_to_last_user_message() -> None:
     ]
     out = teacher_messages(messages, " Use metric units. ")
     assert out[2]["content"] == f"second\n\n{HINT_HEADER}\nUse metric units."
+    assert [m["content"] for m in out[:2] + out[3:]] == ["first", "ok", "draft"]
     assert messages[2]["content"] == [{"type": "text", "text": "second"}]  # caller's copy untouched
     with pytest.raises(ValueError):
         teacher_messages([{"role": "system", "content": "x"}], "hint")
+    with pytest.raises(ValueError):
+        teacher_messages(messages, "  ")
+
+
+def test_teacher_messages_put_the_hint_of_a_first_reply_in_the_system_message() -> None:
+    system = [{"role": "system", "content": [{"type": "text", "text": "Be kind."}]}, {"role": "user", "content": "q"}]
+    out = teacher_messages(system, " Answer in one word. ")
+    assert out == [
+        {"role": "system", "content": f"Be kind.\n\n{HINT_HEADER}\nAnswer in one word."},
+        {"role": "user", "content": "q"},
+    ]
+    assert system[0]["content"] == [{"type": "text", "text": "Be kind."}]  # caller's copy untouched
+    # No system message: one is put in front.
+    assert teacher_messages([{"role": "user", "content": "q"}], "Answer in one word.") == [
+        {"role": "system", "content": f"{HINT_HEADER}\nAnswer in one word."},
+        {"role": "user", "content": "q"},
+    ]
 
 
 def _sample(turn_id: int, reward: float | None, version: int = 0, n: int = 2, teacher=None) -> TrainSample:
