@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from openclaw_cli.backend import BackendError
+from openclaw_cli.backend import BASE_VERSION, BackendError
 from openclaw_cli.backends import tinker_wire as wire
 from openclaw_cli.types import (
     AdamParams,
@@ -86,7 +86,6 @@ log = logging.getLogger("openclaw.backend.tinker_shaped")
 T = TypeVar("T")
 PublishMode = Literal["save_weights_and_get_sampling_client", "save_weights_for_sampler"]
 STATE_FILE = "openclaw-state.json"  # the trainer loop's "finished checkpoint" marker (trainer_loop._STATE_FILE)
-BASE_VERSION = 0
 _STATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CLOSE_TIMEOUT_S = 10.0
 

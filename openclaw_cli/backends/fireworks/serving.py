@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
 from openclaw_cli.backends.fireworks.control import api_error, error_detail, status_of
 from openclaw_cli.types import FinishReason, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("openclaw.fireworks")
 
-BASE_VERSION = 0
 SCALING_UP_CODE = "DEPLOYMENT_SCALING_UP"
 
 

@@ -26,11 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openclaw_cli.backend import BackendError
+from openclaw_cli.backend import BASE_VERSION, BackendError
 from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.types import PolicyVersion
-
-BASE_VERSION = 0
 
 
 @dataclass(frozen=True)

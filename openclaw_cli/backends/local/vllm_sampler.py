@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
 from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
 
-BASE_VERSION = 0
 PEFT_PREFIX = "base_model.model."
 # vLLM pre-compiles its LoRA kernels for these ranks; the engine's max_lora_rank must be one of them.
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
