@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from openclaw_cli.store.codec import loads_json, unpack_floats, unpack_ints
+from openclaw_cli.store.codec import dumps_json, loads_json, pack_floats, pack_ints, unpack_floats, unpack_ints
 
 
 @dataclass
@@ -128,6 +128,41 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
     "sampling_logprobs": unpack_floats,
     "next_state": loads_json,
 }
+_ENCODE: dict[str, Callable[[Any], Any]] = {
+    "stream": int,
+    "messages": dumps_json,
+    "tools": lambda tools: None if tools is None else dumps_json(tools),
+    "request": dumps_json,
+    "response": dumps_json,
+    "assistant_message": dumps_json,
+    "headers": dumps_json,
+    "metadata": dumps_json,
+    "prompt_tokens": pack_ints,
+    "completion_tokens": pack_ints,
+    "logprobs": pack_floats,
+    "sampling_logprobs": pack_floats,
+}
+
+
+def new_turn_rows(turn: NewTurn, **replaced: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A new turn's ``turns`` and ``turn_data`` columns, encoded, from :class:`TurnFields`' one field list (the read
+    side below follows the same list); ``replaced`` overrides fields before encoding (the store passes scrubbed
+    copies). The ``turns`` row also gets the token counts and ``created_at``; ``ready_at`` and ``ready_seq`` are the
+    caller's (they depend on the transaction)."""
+    turns: dict[str, Any] = {}
+    data: dict[str, Any] = {}
+    for f in fields(TurnFields):
+        value = replaced[f.name] if f.name in replaced else getattr(turn, f.name)
+        encoded = _ENCODE[f.name](value) if f.name in _ENCODE else value
+        (data if f.name in _TURN_DATA_FIELDS else turns)[f.name] = encoded
+    turns.update(
+        n_prompt_tokens=len(turn.prompt_tokens),
+        n_completion_tokens=len(turn.completion_tokens),
+        created_at=turn.created_at,
+    )
+    return turns, data
+
+
 # Each column a turn is read with: (table alias, name), in TurnRecord's order plus the storage-only flag that says
 # the request's messages were stored once, in turn_data.messages. Columns and decoding both follow this one list.
 _TURN_READ: tuple[tuple[str, str], ...] = (

@@ -7,8 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from openclaw_cli.secrets_scrub import scrub_secrets
-from openclaw_cli.store.codec import dumps_json, pack_floats, pack_ints
-from openclaw_cli.store.records import SESSION_COLUMNS, NewTurn, PrefixMatch, SessionRecord, session_from_row
+from openclaw_cli.store.codec import dumps_json
+from openclaw_cli.store.records import (
+    SESSION_COLUMNS,
+    NewTurn,
+    PrefixMatch,
+    SessionRecord,
+    new_turn_rows,
+    session_from_row,
+)
 from openclaw_cli.store.schema import NEXT_READY_SEQ
 
 
@@ -107,56 +114,25 @@ class StoreTx:
         elided = request.get("messages") == turn.messages
         if elided:
             del request["messages"]
+        row, data = new_turn_rows(
+            turn,
+            request=request,
+            response=scrub_secrets(turn.response),
+            headers=scrub_secrets(turn.headers),
+            metadata=scrub_secrets(turn.metadata),
+        )
+        ready = turn.status == "ready"
+        row["ready_at"] = turn.created_at if ready else None
         cursor = self._conn.execute(
-            "INSERT INTO turns (session_id, parent_turn_id, turn_index, turn_type, type_reason, status, api, model, "
-            "stream, choice_index, n_prompt_tokens, n_completion_tokens, version, finish_reason, started_at, "
-            "first_token_at, finished_at, created_at, ready_at, ready_seq) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            f"CASE WHEN ? THEN {NEXT_READY_SEQ} END)",
-            (
-                turn.session_id,
-                turn.parent_turn_id,
-                turn.turn_index,
-                turn.turn_type,
-                turn.type_reason,
-                turn.status,
-                turn.api,
-                turn.model,
-                int(turn.stream),
-                turn.choice_index,
-                len(turn.prompt_tokens),
-                len(turn.completion_tokens),
-                turn.version,
-                turn.finish_reason,
-                turn.started_at,
-                turn.first_token_at,
-                turn.finished_at,
-                turn.created_at,
-                turn.created_at if turn.status == "ready" else None,
-                turn.status == "ready",
-            ),
+            f"INSERT INTO turns ({', '.join(row)}, ready_seq) "
+            f"VALUES ({', '.join('?' * len(row))}, CASE WHEN ? THEN {NEXT_READY_SEQ} END)",
+            (*row.values(), ready),
         )
         turn_id = cursor.lastrowid
         assert turn_id is not None
+        data.update(turn_id=turn_id, request_messages_elided=int(elided))
         self._conn.execute(
-            "INSERT INTO turn_data (turn_id, messages, tools, request, request_messages_elided, response, "
-            "assistant_message, headers, metadata, prompt_tokens, completion_tokens, logprobs, sampling_logprobs) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                turn_id,
-                dumps_json(turn.messages),
-                None if turn.tools is None else dumps_json(turn.tools),
-                dumps_json(request),
-                int(elided),
-                dumps_json(scrub_secrets(turn.response)),
-                dumps_json(turn.assistant_message),
-                dumps_json(scrub_secrets(turn.headers)),
-                dumps_json(scrub_secrets(turn.metadata)),
-                pack_ints(turn.prompt_tokens),
-                pack_ints(turn.completion_tokens),
-                pack_floats(turn.logprobs),
-                pack_floats(turn.sampling_logprobs),
-            ),
+            f"INSERT INTO turn_data ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})", tuple(data.values())
         )
         return turn_id
 
