@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from openclaw_cli.loopback import is_loopback
 from openclaw_cli.settings import DEFAULT_CONFIG_FILE, Settings, load_settings, parse_overrides
 
 if TYPE_CHECKING:
@@ -206,12 +207,6 @@ def installed_version(distribution: str) -> str | None:
 
 def check_mark(ok: bool) -> Text:
     return Text("✓", style="bold green") if ok else Text("✗", style="bold red")
-
-
-def is_loopback(host: str) -> bool:
-    from openclaw_cli.proxy.auth import is_loopback
-
-    return is_loopback(host)
 
 
 def has_api_key(settings: Settings) -> bool:

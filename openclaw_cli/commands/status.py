@@ -15,10 +15,10 @@ from openclaw_cli.command_support import (
     LoadedSettings,
     connect_host,
     has_api_key,
-    is_loopback,
     stdout_console,
     with_settings,
 )
+from openclaw_cli.loopback import is_loopback
 
 STATUS_PATH = "/v1/openclaw/status"
 STATUS_TIMEOUT_S = 2.0

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from openclaw_cli.env_training.rollout import RolloutContext, Trajectory
-from openclaw_cli.proxy.auth import is_loopback
+from openclaw_cli.loopback import is_loopback
 from openclaw_cli.types import Message
 
 DEFAULT_MAX_TURNS = 8

@@ -18,12 +18,12 @@ Written as plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so streame
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from openclaw_cli.loopback import is_loopback
 from openclaw_cli.proxy.errors import ProxyError, api_for_path, error_response
 
 if TYPE_CHECKING:
@@ -34,15 +34,6 @@ OPEN_PATHS = frozenset({"/", "/healthz"})  # liveness probes only: they reveal n
 
 class ProxyConfigError(ValueError):
     """The proxy cannot start with these settings (the message says what to change)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a hostname other than localhost may resolve anywhere
 
 
 def check_bind(settings: Settings) -> None:

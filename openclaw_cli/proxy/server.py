@@ -15,8 +15,9 @@ import uvicorn
 
 from openclaw_cli import eventloop
 from openclaw_cli.backend import create_backend
+from openclaw_cli.loopback import is_loopback
 from openclaw_cli.proxy.app import create_app
-from openclaw_cli.proxy.auth import ProxyConfigError, check_bind, is_loopback
+from openclaw_cli.proxy.auth import ProxyConfigError, check_bind
 from openclaw_cli.retention import retention_loop
 from openclaw_cli.settings import Settings
 
