@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,14 +69,14 @@ class ScriptedJudge:
         return "\\boxed{-1}" if CORRECTION in next_state else "\\boxed{1}"
 
 
-def make_learnable_model(tiny_model_dir: Path, target: Path) -> Path:
-    """Save the tiny model with its (tied) embeddings scaled up to ``target`` (module docstring)."""
+def make_learnable_model(tiny_model_dir: Path, target: Path, scale: float = EMBEDDING_SCALE) -> Path:
+    """Save the tiny model with its (tied) embeddings scaled up by ``scale`` to ``target`` (module docstring)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(EMBEDDING_SCALE)
+        model.get_input_embeddings().weight.mul_(scale)
     model.save_pretrained(target)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(target)
     return target
@@ -152,12 +151,6 @@ async def wait_for_step(runtime: Runtime, step: int, timeout_s: float = 60.0) ->
     while runtime.trainer.stats.steps < step:
         assert time.monotonic() < deadline, f"no training step {step} within {timeout_s}s: {runtime.trainer.stats}"
         await asyncio.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

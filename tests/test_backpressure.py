@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from runtime_helpers import free_port
 from typer.testing import CliRunner
 
 from openclaw_cli.capture import CapturedExchange, RecordedTurn
@@ -136,14 +137,6 @@ class BlockedJudge:
     async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int) -> str:
         await self.gate.wait()
         return "\\boxed{1}"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_loop_backlog_shows_in_status_and_the_cli_while_the_judge_lags(

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import pytest
 import typer
+from runtime_helpers import free_port
 from typer.testing import CliRunner
 
 from openclaw_cli import __version__
@@ -66,12 +67,6 @@ def assert_clean_failure(result: Any, exit_code: int) -> None:
     assert result.exit_code == exit_code, result.output
     assert isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def show_json(*args: str) -> dict[str, dict[str, Any]]:
@@ -414,28 +409,27 @@ def test_serve_without_the_proxy_module_says_so(monkeypatch):
     assert "the proxy (openclaw serve) is not available in this build" in result.stderr
 
 
-def test_backend_error_while_serving_is_one_line(fake_proxy, monkeypatch):
-    def fail(settings: Any) -> None:
-        raise BackendError("model org/missing not found; check --model")
-
-    monkeypatch.setattr(sys.modules[PROXY], "run_server", fail)
-    result = invoke("serve")
-    assert_clean_failure(result, 1)
-    assert result.stderr.strip() == "error: model org/missing not found; check --model"
-
-
 class ProxyConfigError(ValueError):
     """Stands in for the proxy's own config error class."""
 
 
-def test_proxy_config_error_is_a_refusal(fake_proxy, monkeypatch):
-    def refuse(settings: Any) -> None:
-        raise ProxyConfigError("the capture store is not available; cannot serve")
+@pytest.mark.parametrize(
+    ("error", "exit_code"),
+    [
+        (BackendError("model org/missing not found; check --model"), 1),  # a failure
+        (ProxyConfigError("the capture store is not available; cannot serve"), 2),  # a refusal
+    ],
+)
+def test_errors_while_serving_are_one_line_with_their_exit_code(
+    fake_proxy, monkeypatch, error: Exception, exit_code: int
+):
+    def fail(settings: Any) -> None:
+        raise error
 
-    monkeypatch.setattr(sys.modules[PROXY], "run_server", refuse)
+    monkeypatch.setattr(sys.modules[PROXY], "run_server", fail)
     result = invoke("serve")
-    assert_clean_failure(result, 2)
-    assert result.stderr.strip() == "error: the capture store is not available; cannot serve"
+    assert_clean_failure(result, exit_code)
+    assert result.stderr.strip() == f"error: {error}"
 
 
 def test_unexpected_errors_are_one_line_unless_debug(fake_proxy, monkeypatch):

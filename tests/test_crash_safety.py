@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from runtime_helpers import free_port
 
 from openclaw_cli.store import Store
 from openclaw_cli.testing.judge_server import FakeJudgeServer
@@ -44,12 +44,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 KILLS = 3
 SEED = 20240611
 TURNS_PER_SESSION = 4  # then the conversation starts over under a new session id (short prompts, fast steps)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def judge_answer(messages: list[dict[str, Any]]) -> str:

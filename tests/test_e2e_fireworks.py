@@ -21,9 +21,9 @@ from e2e_scenario import (
     ScriptedJudge,
     assert_learned,
     e2e_settings,
-    free_port,
     run_scenario,
 )
+from runtime_helpers import free_port
 
 from openclaw_cli.settings import FireworksSettings
 from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble

@@ -15,9 +15,9 @@ from e2e_scenario import (
     ScriptedJudge,
     assert_learned,
     e2e_settings,
-    free_port,
     run_scenario,
 )
+from runtime_helpers import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -17,9 +17,9 @@ from e2e_scenario import (
     ScriptedJudge,
     assert_learned,
     e2e_settings,
-    free_port,
     run_scenario,
 )
+from runtime_helpers import free_port
 
 from openclaw_cli.backends.tinker import TinkerBackend
 from openclaw_cli.testing.tinker_double import TinkerDouble

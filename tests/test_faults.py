@@ -5,7 +5,6 @@ the last good policy keeps serving) — on the real local backend and the real `
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from runtime_helpers import runtime_settings as tiny_runtime_settings
 
 from openclaw_cli.judge import JudgeLoop, OpenAIJudgeClient
 from openclaw_cli.launch import Runtime, launch
-from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings, TrainSettings
+from openclaw_cli.settings import Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.judge_server import FakeJudgeServer
 from openclaw_cli.testing.store_turns import new_turn
@@ -235,24 +235,11 @@ async def test_a_retried_step_after_an_optim_step_failure_accumulates_the_batch_
 
 
 # --- the whole runtime --------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Settings:
     # Binary RL on the scripted judge's votes: the faults, not the method, are under test.
-    overrides.setdefault("method", "rl")
-    return Settings(
-        model=str(model_dir),
-        port=free_port(),
-        lora=LoraSettings(rank=4, alpha=8),
-        store=StoreSettings(path=tmp_path / "store.sqlite3"),
-        local=LocalSettings(state_dir=tmp_path / "ckpt", max_concurrent_requests=2),
-        proxy={"accept_any_model": True},
-        **overrides,
-    )
+    return tiny_runtime_settings(model_dir, tmp_path, **{"method": "rl", **overrides})
 
 
 class DownJudge:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,18 @@ def control(double: FireworksDouble, tmp_path: Path):
 
 def spec(deployment_id: str, **overrides) -> DeploymentSpec:
     return DeploymentSpec(deployment_id=deployment_id, base_model=BASE_MODEL, addon_mode="multi_lora", **overrides)
+
+
+def start_job(control: FireworksControl, job_id: str, dataset: str, output_model: str, **overrides: Any) -> Any:
+    """An SFT job with the small settings these tests use (rank 8, one epoch); ``overrides`` change any of them."""
+    settings: dict[str, Any] = {
+        "base_model": BASE_MODEL,
+        "warm_start_from": None,
+        "lora_rank": 8,
+        "epochs": 1,
+        "learning_rate": 1e-3,
+    }
+    return control.start_sft_job(job_id, dataset=dataset, output_model=output_model, **(settings | overrides))
 
 
 # -- deployments ---------------------------------------------------------------------------------------------------
@@ -170,16 +183,7 @@ def test_sft_job_runs_to_a_ready_model_that_loads_onto_the_deployment(
     double.add_deployment("ctl-serve")
     dataset = control.upload_dataset("ds-job", [SFT_ROW] * 3, timeout_s=10)
     output = control.name("models", "job-model")
-    job = control.start_sft_job(
-        "job-1",
-        dataset=dataset,
-        output_model=output,
-        base_model=BASE_MODEL,
-        warm_start_from=None,
-        lora_rank=8,
-        epochs=1,
-        learning_rate=1e-3,
-    )
+    job = start_job(control, "job-1", dataset, output)
     assert job.state == "JOB_STATE_CREATING" and control.ledger.jobs_today() == 1
     sent = double.jobs["job-1"].body
     assert (sent["baseModel"], sent["loraRank"], sent["epochs"], sent["evalAutoCarveout"]) == (BASE_MODEL, 8, 1, False)
@@ -199,43 +203,16 @@ def test_sft_job_runs_to_a_ready_model_that_loads_onto_the_deployment(
 def test_failed_job_and_job_400s_are_clear_errors(control: FireworksControl, double: FireworksDouble) -> None:
     dataset = control.upload_dataset("ds-fail", [SFT_ROW] * 3, timeout_s=10)
     double.fail_next_job = True
-    control.start_sft_job(
-        "job-fails",
-        dataset=dataset,
-        output_model=control.name("models", "never"),
-        base_model=BASE_MODEL,
-        warm_start_from=None,
-        lora_rank=8,
-        epochs=1,
-        learning_rate=1e-3,
-    )
+    start_job(control, "job-fails", dataset, control.name("models", "never"))
     with pytest.raises(BackendError, match=r"SFT job job-fails ended in JOB_STATE_FAILED: RuntimeError: training"):
         control.wait_job("job-fails", timeout_s=60)
     with pytest.raises(BackendError, match=r"\(400\): loraRank must be between 4 and 64, got 128") as bad:
-        control.start_sft_job(
-            "job-bad-rank",
-            dataset=dataset,
-            output_model=control.name("models", "bad"),
-            base_model=BASE_MODEL,
-            warm_start_from=None,
-            lora_rank=128,
-            epochs=1,
-            learning_rate=1e-3,
-        )
+        start_job(control, "job-bad-rank", dataset, control.name("models", "bad"), lora_rank=128)
     assert not bad.value.retryable
     assert control.ledger.jobs_today() == 1  # the rejected job does not count against the daily cap
     with pytest.raises(BackendError, match="cost cap: 1 Fireworks training job"):
         control.max_steps_per_day = 1
-        control.start_sft_job(
-            "job-capped",
-            dataset=dataset,
-            output_model=control.name("models", "capped"),
-            base_model=BASE_MODEL,
-            warm_start_from=None,
-            lora_rank=8,
-            epochs=1,
-            learning_rate=1e-3,
-        )
+        start_job(control, "job-capped", dataset, control.name("models", "capped"))
     assert "job-capped" not in double.jobs
 
 

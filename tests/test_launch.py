@@ -12,32 +12,15 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from runtime_helpers import runtime_settings
 
 from openclaw_cli import launch as runtime_module
 from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.proxy import ProxyConfigError
-from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
+from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: object) -> Settings:
-    return Settings(
-        model=str(model_dir),
-        port=free_port(),
-        lora=LoraSettings(rank=4, alpha=8),
-        store=StoreSettings(path=tmp_path / "store.sqlite3"),
-        local=LocalSettings(state_dir=tmp_path / "ckpt", max_concurrent_requests=2),
-        proxy={"accept_any_model": True},
-        **overrides,
-    )
 
 
 async def test_serves_a_request_and_ctrl_c_stops_cleanly_with_a_checkpoint(

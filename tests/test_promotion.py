@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runtime_helpers import free_port
 
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.promotion import GateConfigError, PromotionGate, held_out_items
@@ -201,14 +202,6 @@ async def test_the_trainer_publishes_through_the_gate(world: World, prefer: str,
     assert steps[-1][1] == served_after
     for turn_id in ids:
         assert world.store.result_of("trainer", turn_id)["version"] == served_after
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_launch_wires_the_gate_into_training_and_status(tiny_tokenizer: Any, tmp_path: Path) -> None:

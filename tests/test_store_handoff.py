@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from runtime_helpers import free_port
 
 from openclaw_cli.store import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 from openclaw_cli.testing.store_turns import new_turn
@@ -183,12 +183,6 @@ def test_a_truncated_store_is_refused_at_open_with_one_line_naming_the_file(tmp_
         message = str(info.value)
         assert str(path) in message and "\n" not in message
         assert "move it" in message and "restore it from a backup" in message
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.timeout(60)

@@ -206,16 +206,9 @@ def test_train_refuses_a_bad_env_spec_before_loading_a_model(tmp_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def learnable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from e2e_scenario import make_learnable_model
 
-    target = tmp_path_factory.mktemp("learnable-tiny-x6") / "model"
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(EMBEDDING_SCALE)
-    model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(target)
-    return target
+    return make_learnable_model(tiny_model_dir, tmp_path_factory.mktemp("learnable-tiny-x6") / "model", EMBEDDING_SCALE)
 
 
 async def test_grpo_raises_the_calculator_reward(learnable_model_dir: Path, tmp_path: Path) -> None:

@@ -234,10 +234,10 @@ async def test_the_launch_loop_serves_judges_trains_and_publishes_through_vllm(
         STEPS,
         ScriptedJudge,
         e2e_settings,
-        free_port,
         make_learnable_model,
         run_scenario,
     )
+    from runtime_helpers import free_port
 
     model_dir = make_learnable_model(vllm_model_dir, tmp_path / "learnable")
     settings = e2e_settings(model_dir, tmp_path, free_port())
