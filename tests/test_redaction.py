@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -168,6 +169,22 @@ def _secret_turn(store: Store) -> TurnRecord:
     return turn
 
 
+SecretAndClean = tuple[Store, TurnRecord, TurnRecord]
+
+
+@pytest.fixture
+def secret_and_clean(tmp_path: Path) -> Iterator[SecretAndClean]:
+    """A store with :func:`_secret_turn` and a clean turn ("what is 2+2?" / "4"), closed after the test."""
+    store = Store(tmp_path / "s.sqlite3")
+    secret = _secret_turn(store)
+    with store.transaction() as tx:
+        clean_id = tx.insert_turn(new_turn(user_text="what is 2+2?", reply_text="4"))
+    clean = store.get_turn(clean_id)
+    assert clean is not None
+    yield store, secret, clean
+    store.close()
+
+
 class RecordingJudge:
     name = "recording"
 
@@ -202,13 +219,8 @@ async def test_judge_prompts_are_redacted_and_the_stored_turn_is_not(tmp_path, m
     store.close()
 
 
-def test_turns_with_secrets_are_withheld_from_cloud_trainers_only(tmp_path):
-    store = Store(tmp_path / "s.sqlite3")
-    secret = _secret_turn(store)
-    with store.transaction() as tx:
-        clean_id = tx.insert_turn(new_turn(user_text="what is 2+2?", reply_text="4"))
-    clean_turn = store.get_turn(clean_id)
-    assert clean_turn is not None
+def test_turns_with_secrets_are_withheld_from_cloud_trainers_only(secret_and_clean: SecretAndClean):
+    _, secret, clean_turn = secret_and_clean
     on = Settings(store={"redact": True})
     assert withhold_from_training(secret, on, "tinker") and withhold_from_training(secret, on, "fireworks")
     assert not withhold_from_training(secret, on, "local")  # nothing leaves the machine
@@ -216,16 +228,11 @@ def test_turns_with_secrets_are_withheld_from_cloud_trainers_only(tmp_path):
     assert not withhold_from_training(secret, Settings(), "tinker")  # redaction off
     assert withhold_from_training(secret, Settings(store={"redact": ["phone"]}), "tinker")  # the reply has a phone
     assert not withhold_from_training(secret, Settings(store={"redact": []}), "tinker")
-    store.close()
 
 
-async def test_the_trainer_skips_withheld_turns_when_building_samples(tmp_path):
-    store = Store(tmp_path / "s.sqlite3")
-    secret = _secret_turn(store)
-    with store.transaction() as tx:
-        clean_id = tx.insert_turn(new_turn(user_text="what is 2+2?", reply_text="4"))
-    clean = store.get_turn(clean_id)
-    assert clean is not None
+async def test_the_trainer_skips_withheld_turns_when_building_samples(secret_and_clean: SecretAndClean):
+    store, secret, clean = secret_and_clean
+    clean_id = clean.id
     cloud = SimpleNamespace(name="tinker", publish=None)
     trainer = TrainerLoop(store, cloud, Settings(store={"redact": True}))  # type: ignore[arg-type]
     samples, _, unusable = await trainer._samples([secret, clean])
@@ -234,14 +241,11 @@ async def test_the_trainer_skips_withheld_turns_when_building_samples(tmp_path):
     trainer = TrainerLoop(store, local, Settings(store={"redact": True}))  # type: ignore[arg-type]
     samples, _, unusable = await trainer._samples([secret, clean])
     assert [s.turn_id for s in samples] == [secret.id, clean_id] and unusable == 0
-    store.close()
 
 
-def test_export_redacts_messages_and_leaves_out_token_rows_with_secrets(tmp_path):
-    store = Store(tmp_path / "s.sqlite3")
-    secret = _secret_turn(store)
-    with store.transaction() as tx:
-        clean_id = tx.insert_turn(new_turn(user_text="what is 2+2?", reply_text="4"))
+def test_export_redacts_messages_and_leaves_out_token_rows_with_secrets(secret_and_clean: SecretAndClean):
+    store, secret, clean = secret_and_clean
+    clean_id = clean.id
     redactor = Redactor(ALL_KINDS)
     out = io.StringIO()
     assert export_turns(store, ExportFormat.messages, ExportFilters(), out, redactor=redactor) == 2
@@ -256,7 +260,6 @@ def test_export_redacts_messages_and_leaves_out_token_rows_with_secrets(tmp_path
     assert export_turns(store, ExportFormat.messages, ExportFilters(), out) == 2
     assert OPENAI_KEY in out.getvalue()
     assert store.get_turn(secret.id).messages == secret.messages  # type: ignore[union-attr]
-    store.close()
 
 
 def test_export_command_honours_the_setting(tmp_path, monkeypatch):
