@@ -5,9 +5,11 @@ OPD scores the student's own reply token by token against a teacher that read th
 whatever is left unpunished (late in 20-minute runs SmolLM2 started quoting the user's correction back). A
 demonstration says what to write: for a turn the judge did not approve that carries a hint, the frozen base model
 answers the same conversation *with* the hint (greedy: the told model's own answer), and the policy is trained to give
-that answer *without* it, with a constant positive advantage ``train.demo_weight`` under the same PPO clip (its
-"sampler" log-probabilities are the current policy's, so the ratio starts at 1 and one step moves it at most
-``eps_high``). This is context distillation from the user's own words, and what the learning target asks for: the
+that answer *without* it, with a constant positive advantage ``train.demo_weight`` under the same PPO loss. Its
+"sampler" log-probabilities are the current policy's, so the ratio is 1 when the step's one gradient is taken and the
+clip does not bind: the learning rate sets how far a step moves, and (Adam being blind to the gradient's scale) the
+weight only sets the demonstrations' share of the step against the OPD and KL terms (2.0 measured the same as 1.0,
+docs/learning.md). This is context distillation from the user's own words, and what the learning target asks for: the
 bot, asked plainly, answers as the base model does when told.
 
 A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats
