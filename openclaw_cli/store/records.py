@@ -128,6 +128,7 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
     "sampling_logprobs": unpack_floats,
     "next_state": loads_json,
 }
+_TURN_FIELD_NAMES = tuple(f.name for f in fields(TurnFields))  # once: new_turn_rows runs on every capture
 _ENCODE: dict[str, Callable[[Any], Any]] = {
     "stream": int,
     "messages": dumps_json,
@@ -151,10 +152,10 @@ def new_turn_rows(turn: NewTurn, **replaced: Any) -> tuple[dict[str, Any], dict[
     caller's (they depend on the transaction)."""
     turns: dict[str, Any] = {}
     data: dict[str, Any] = {}
-    for f in fields(TurnFields):
-        value = replaced[f.name] if f.name in replaced else getattr(turn, f.name)
-        encoded = _ENCODE[f.name](value) if f.name in _ENCODE else value
-        (data if f.name in _TURN_DATA_FIELDS else turns)[f.name] = encoded
+    for name in _TURN_FIELD_NAMES:
+        value = replaced[name] if name in replaced else getattr(turn, name)
+        encoded = _ENCODE[name](value) if name in _ENCODE else value
+        (data if name in _TURN_DATA_FIELDS else turns)[name] = encoded
     turns.update(
         n_prompt_tokens=len(turn.prompt_tokens),
         n_completion_tokens=len(turn.completion_tokens),
