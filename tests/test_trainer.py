@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,35 @@ def test_gradients_accumulate_across_calls_and_micro_batches(base_model: nn.Modu
         grads = _lora_grads(other)
         for name, grad in reference.items():
             assert torch.allclose(grads[name], grad, rtol=1e-4, atol=1e-7), name
+
+
+def test_scoring_only_weighted_positions_trains_identically(base_model: nn.Module) -> None:
+    """The local backend's trainer skips the output layer before the first weighted position: same loss, same
+    gradients, same log-probabilities where the loss reads them, NaN (not a made-up value) before."""
+    datums = _datums(4)
+    every = LoraTrainer(base_model, LORA, seed=3)
+    weighted_only = LoraTrainer(base_model, LORA, seed=3, every_position=False)
+    for trainer in (every, weighted_only):  # one shared step first, so both A and B get gradients
+        trainer.forward_backward(datums, "importance_sampling")
+        trainer.optim_step(ADAM)
+
+    full, trimmed = every.forward_backward(datums, "ppo"), weighted_only.forward_backward(datums, "ppo")
+    assert trimmed.loss == pytest.approx(full.loss, rel=1e-5)
+    assert trimmed.metrics == pytest.approx(full.metrics, rel=1e-5)
+    first = min(d.loss_fn_inputs["weights"].index(1.0) for d in datums)  # the shortest prompt's last position
+    assert first > 0
+    for datum, a, b in zip(datums, full.logprobs, trimmed.logprobs, strict=True):
+        assert len(b) == len(a) == len(datum.model_input)
+        assert all(math.isnan(v) for v in b[:first])
+        assert torch.allclose(torch.tensor(a[first:]), torch.tensor(b[first:]), atol=1e-5)
+    reference = _lora_grads(every)
+    for name, grad in _lora_grads(weighted_only).items():
+        assert torch.allclose(grad, reference[name], rtol=1e-4, atol=1e-7), name
+
+    probe = [datum_from_completion([12, 40, 77], [201, 33], weights=0.0)]  # weights nothing: the caller reads it
+    assert weighted_only.forward_backward(probe, "cross_entropy").logprobs[0] == pytest.approx(
+        every.forward_backward(probe, "cross_entropy").logprobs[0], abs=1e-5
+    )
 
 
 def test_optim_step_reports_pre_clip_norm_and_clears_gradients(base_model: nn.Module) -> None:

@@ -112,7 +112,7 @@ class LocalBackend(ServesFromSampler):
         loaded = load_model(settings)
         # The trainer copies the module tree before the serving wrappers go in, so PEFT never sees our wrappers.
         try:
-            trainer = LoraTrainer(loaded.model, settings.lora, seed=settings.local.seed)
+            trainer = LoraTrainer(loaded.model, settings.lora, seed=settings.local.seed, every_position=False)
         except ValueError as exc:  # e.g. no LoRA target matches this model's layers
             raise BackendError(f"cannot set up LoRA training on {loaded.path}: {exc}") from exc
         versions = PolicyVersions(loaded.model, settings.lora.targets, keep=settings.local.keep_versions)

@@ -183,10 +183,12 @@ def teacher_forced_logprobs(model: nn.Module, tokens: Sequence[int], device: tor
 def next_token_logprobs(
     model: nn.Module, prompt: Sequence[int], candidates: Sequence[int], device: torch.device
 ) -> list[float]:
-    """log p(c | prompt) for each candidate token c, from one forward pass (call under the version to score)."""
+    """log p(c | prompt) for each candidate token c, from one forward pass (call under the version to score).
+    Only the last position goes through the output layer: the judge's one read per turn, and the vocabulary-wide
+    logits at every prompt position were a fifth of its forward pass on SmolLM2."""
     with torch.inference_mode():
         input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-        logits = model(input_ids=input_ids, use_cache=False).logits[0, -1].float()
+        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
         return torch.log_softmax(logits, dim=-1)[list(candidates)].tolist()
 
 
