@@ -315,8 +315,8 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
             create_app(backend, SessionCapture(store, settings), settings)
         )
         client = ScriptedRewardJudge() if judge_kind == "scripted" else make_judge_client(settings, backend)
-        judge = JudgeLoop(store, client, settings)
         trainer = TrainerLoop(store, backend, settings)
+        judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
         gate = make_publisher(store, backend, client, settings)
         if gate is not None:
             trainer.publisher = gate.publish

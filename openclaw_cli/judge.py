@@ -390,6 +390,7 @@ class JudgeStats:
     gave_up: int = 0  # turns completed as judged-failed after max_turn_attempts counted failures
     calls: int = 0
     call_errors: int = 0
+    paced_rounds: int = 0  # rounds the judge waited because the trainer had judge.max_ahead turns still to take
     last_error: str | None = None
 
 
@@ -420,6 +421,7 @@ class JudgeLoop:
         retry_turn_after_s: float = 30.0,
         down_wait_s: float = 5.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        trainer_waiting: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         if retry_attempts < 1:
             raise ValueError("retry_attempts must be >= 1")
@@ -452,18 +454,28 @@ class JudgeLoop:
         self.mode = resolve_mode(settings.judge.mode, client)
         self._mode_chosen = settings.judge.mode == "auto"  # auto may fall back to votes (see judge_turn)
         self.redactor = Redactor.from_settings(settings)  # store.redact: secrets never reach the judge
+        # How many judged turns the trainer beside this judge still has to take (TrainerLoop.waiting); None: no
+        # trainer in this process, judge everything.
+        self.trainer_waiting = trainer_waiting
 
     @property
     def wants_hints(self) -> bool:
         return self.settings.method in ("opd", "combined")
 
     async def run_once(self) -> int:
-        """Claim one batch and judge it; returns how many turns this call completed."""
+        """Claim one batch and judge it; returns how many turns this call completed (0 also while the trainer has
+        ``judge.max_ahead`` judged turns still to take: see that setting)."""
+        room = self.batch_size
+        # Never fewer than a training batch: the trainer waits for a full one.
+        ahead = max(self.settings.judge.max_ahead, self.settings.train.batch_size)
+        if self.trainer_waiting is not None and self.settings.judge.max_ahead > 0:
+            room = min(room, ahead - await self.trainer_waiting())
+            if room <= 0:
+                self.stats.paced_rounds += 1
+                return 0
         # Newest first: when users talk faster than the judge reads, the trainer wants verdicts on turns the current
         # policy wrote (an old turn's verdict arrives when its sample is too stale to train on).
-        turns = await asyncio.to_thread(
-            self.store.claim_ready, self.consumer, self.batch_size, self.lease_s, newest_first=True
-        )
+        turns = await asyncio.to_thread(self.store.claim_ready, self.consumer, room, self.lease_s, newest_first=True)
         if not turns:
             return 0
         outcomes = await asyncio.gather(*(self._judge_and_complete(turn) for turn in turns))

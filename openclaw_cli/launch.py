@@ -215,8 +215,8 @@ async def launch(
         await backend.start()
         sink = SessionCapture(store, settings)
         client = judge_client if judge_client is not None else make_judge_client(settings, backend)
-        judge = JudgeLoop(store, client, settings)
         trainer = TrainerLoop(store, backend, settings)
+        judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
         from openclaw_cli.promotion import make_publisher
 
         gate = make_publisher(store, backend, client, settings)

@@ -76,6 +76,17 @@ class JudgeSettings(_Section):
     votes: int = Field(3, ge=1, le=15, description="vote mode: PRM votes per turn (majority; tie or none -> 0).")
     temperature: float = Field(0.6, ge=0.0, le=2.0, description="vote mode: sampling temperature of the judge.")
     max_concurrency: int = Field(4, ge=1, le=256)
+    max_ahead: int = Field(
+        8,
+        ge=0,
+        description=(
+            "The judge waits while this many judged turns the trainer can still train are waiting for it (0: never "
+            "waits; never fewer than train.batch_size). Verdicts beyond what the trainer takes land on turns too "
+            "stale to train by the time it gets to them, and a judge on the same machine (the embedded policy "
+            "judging itself) takes the trainer's CPU: on SmolLM2 an unpaced judge judged 275 turns in 20 minutes "
+            "for 88 trained."
+        ),
+    )
 
 
 class LoraSettings(_Section):

@@ -169,6 +169,15 @@ class TrainerLoop:
     def state_dir(self) -> Path:
         return Path(self.settings.local.state_dir).expanduser().resolve()
 
+    async def waiting(self) -> int:
+        """Judged turns this trainer has not finished and will still train: written by a policy version within
+        ``train.max_staleness`` of the current one (the judge paces itself on this, see ``judge.max_ahead``)."""
+        oldest_usable = self.backend.current_version().version - self.settings.train.max_staleness
+        count, _ = await asyncio.to_thread(
+            self.store.backlog, CONSUMER, after=JUDGE_CONSUMER, min_version=max(0, oldest_usable)
+        )
+        return count
+
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     async def resume(self) -> int | None:

@@ -401,3 +401,28 @@ async def test_policy_client_renders_the_chat_and_samples_the_base_version(tiny_
     assert prompt == tiny_tokenizer.render(messages, add_generation_prompt=True)
     assert version == 0
     assert (params.temperature, params.max_tokens) == (0.6, 32)
+
+
+async def test_the_judge_waits_while_the_trainer_beside_it_has_max_ahead_turns_to_take(tmp_path: Path) -> None:
+    """Verdicts the trainer cannot take in time only cost CPU: the judge stays max_ahead (at least a training
+    batch) ahead of the trainer, newest turns first, and judges again as the trainer takes turns."""
+    with Store(tmp_path / "s.sqlite3") as store:
+        ids = _seed(store, [CORRECTION] * 6)
+
+        async def trainer_waiting() -> int:
+            return store.backlog("trainer", after="judge")[0]
+
+        settings = Settings(method="rl", judge={"votes": 1, "max_ahead": 2}, train={"batch_size": 1})
+        loop = _loop(store, ScriptedJudge(), settings, trainer_waiting=trainer_waiting)
+        assert await loop.run_once() == 2
+        assert await loop.run_once() == 0 and loop.stats.paced_rounds == 1
+        store.complete("trainer", ids[-1], "{}")
+        assert await loop.run_once() == 1
+        assert [i for i in ids if store.result_of("judge", i) is not None] == ids[-3:]
+
+        # Never fewer than a training batch (the trainer waits for a full one), and 0 turns pacing off.
+        settings.train.batch_size = 2
+        settings.judge.max_ahead = 1
+        assert await loop.run_once() == 0  # 2 waiting: a full batch for the trainer
+        settings.judge.max_ahead = 0
+        assert await loop.run_once() == 3

@@ -228,6 +228,23 @@ async def test_stale_turns_are_completed_before_scoring_and_counted(tmp_path: Pa
     world.store.close()
 
 
+async def test_waiting_counts_the_judged_turns_the_trainer_will_still_train(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    """What the judge paces itself on: judged, not yet trained, not too stale; unjudged turns do not count."""
+    world = World(tmp_path, tiny_tokenizer, max_staleness=1)
+    world.backend.version = 3
+    world.ready_turn([21], version=1, score=1)  # stale: 2 versions behind
+    fresh = world.ready_turn([22], version=2, score=1)
+    world.ready_turn([23], version=3, score=None)  # not judged yet
+    world.ready_turn([24], version=3, score=-1)
+    loop = world.loop()
+    assert await loop.waiting() == 2
+    world.store.complete("trainer", fresh, "{}")
+    assert await loop.waiting() == 1
+    world.store.close()
+
+
 async def test_the_trainer_takes_the_newest_judged_turns_first(tmp_path: Path, tiny_tokenizer: Any) -> None:
     world = World(tmp_path, tiny_tokenizer, batch_size=2)
     ids = [world.ready_turn([21 + i], score=1) for i in range(4)]

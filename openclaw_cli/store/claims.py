@@ -235,10 +235,13 @@ class HandoffQueue(StoreBase):
             counts.setdefault(consumer, {"failed": 0, "erroring": 0})["erroring"] = n
         return counts
 
-    def backlog(self, consumer: str, *, after: str | None = None) -> tuple[int, float | None]:
+    def backlog(
+        self, consumer: str, *, after: str | None = None, min_version: int | None = None
+    ) -> tuple[int, float | None]:
         """(how many, oldest ready_at) of the ready main-line turns ``consumer`` has not completed yet; with
-        ``after``, only those that consumer has completed (e.g. judged but not yet trained). Scans only above the
-        consumer's floor, so it costs what the backlog holds, not what the store holds."""
+        ``after``, only those that consumer has completed (e.g. judged but not yet trained); with ``min_version``,
+        only turns that policy version or a later one wrote. Scans only above the consumer's floor, so it costs what
+        the backlog holds, not what the store holds."""
         chain = (
             "AND EXISTS (SELECT 1 FROM claims p WHERE p.consumer = ? AND p.turn_id = t.id AND p.done_at IS NOT NULL)"
             if after is not None
@@ -248,6 +251,9 @@ class HandoffQueue(StoreBase):
             params: list[Any] = [self._floor(consumer), consumer]
             if after is not None:
                 params.append(after)
+            if min_version is not None:
+                chain += " AND t.version >= ?"
+                params.append(min_version)
             count, oldest = self._conn.execute(
                 "SELECT COUNT(*), MIN(t.ready_at) FROM turns t WHERE t.ready_seq > ? AND t.turn_type = 'main' "
                 "AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "
