@@ -109,9 +109,11 @@ class Backend(Serves, Protocol):
 
     def current_version(self) -> PolicyVersion: ...
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        """log p(tokens[i] | tokens[:i]) for every position; index 0 is None (Tinker's convention).
-        ``base=True`` scores with the frozen base model (the default OPD teacher), else the current policy."""
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        """log p(tokens[i] | tokens[:i]) for every position from ``start`` on; entries before it are None (index 0
+        always, Tinker's convention). ``base=True`` scores with the frozen base model (the default OPD teacher), else
+        the current policy. Callers that read a completion pass its first position: a local model then skips the
+        output layer over the prompt."""
 
     async def forward_backward(
         self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
@@ -155,6 +157,12 @@ class SupportsVersionControl(Protocol):
 
     def servable_versions(self) -> list[int]:
         """Version numbers ``activate`` accepts now, oldest first (0 = the base model)."""
+
+
+def none_before(values: Sequence[float | None], start: int) -> list[float | None]:
+    """``values`` with the entries before ``start`` set to None (compute_logprobs's contract, for backends whose
+    service scores every position anyway)."""
+    return [None if i < start else v for i, v in enumerate(values)]
 
 
 def supports_version_control(backend: object) -> bool:

@@ -123,7 +123,7 @@ class CollapseGuard:
         text = tokenizer.decode(sample.tokens).strip()
         ratios: list[float] = []
         if sample.tokens and len(sample.logprobs) == len(sample.tokens):
-            base = await self.backend.compute_logprobs(prompt + list(sample.tokens), base=True)
+            base = await self.backend.compute_logprobs(prompt + list(sample.tokens), base=True, start=len(prompt))
             for new_lp, base_lp in zip(sample.logprobs, base[len(prompt) :], strict=True):
                 if base_lp is not None:
                     ratios.append(float(new_lp) - float(base_lp))

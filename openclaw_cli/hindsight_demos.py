@@ -93,7 +93,8 @@ async def hindsight_demo(
     tokens = prompt + list(reply.tokens)
     try:
         base, current = await asyncio.gather(
-            backend.compute_logprobs(tokens, base=True), backend.compute_logprobs(tokens)
+            backend.compute_logprobs(tokens, base=True, start=len(prompt)),
+            backend.compute_logprobs(tokens, start=len(prompt)),
         )
     except Exception as exc:
         log.warning("turn %d: cannot score the hindsight demonstration: %s", turn.id, exc)

@@ -264,7 +264,7 @@ class PolicyJudgeClient:
             raise JudgeInputError("the channel prefix and the scored text must each hold at least one token")
         if len(head) + len(tail) > tokenizer.context_length:
             raise JudgeInputError(f"{len(head) + len(tail)} tokens exceed the judge's {tokenizer.context_length}")
-        scored = await self._logprobs(head + tail)
+        scored = await self._logprobs(head + tail, start=len(head))
         return float(sum(v for v in scored[len(head) :] if v is not None))
 
     async def verdict_logprobs(self, messages: list[dict], words: list[str]) -> dict[str, float]:
@@ -279,7 +279,9 @@ class PolicyJudgeClient:
         if callable(scorer):  # one forward pass for every candidate
             values = await scorer(prompt, flat, version=self.version)
         else:  # any backend: each candidate appended and teacher-forced (Tinker: prompt logprobs)
-            values = [float((await self._logprobs([*prompt, token]))[-1] or -math.inf) for token in flat]
+            values = [
+                float((await self._logprobs([*prompt, token], start=len(prompt)))[-1] or -math.inf) for token in flat
+            ]
         by_token = dict(zip(flat, values, strict=True))
         out: dict[str, float] = {}
         for word, ids in candidates.items():
@@ -288,9 +290,10 @@ class PolicyJudgeClient:
                 out[word] = lp if word not in out else _logaddexp(out[word], lp)
         return out
 
-    async def _logprobs(self, tokens: list[int]) -> list[float | None]:
+    async def _logprobs(self, tokens: list[int], *, start: int) -> list[float | None]:
         if self.version in (None, POLICY_JUDGE_VERSION):
-            return await self._backend.compute_logprobs(tokens, base=self.version == POLICY_JUDGE_VERSION)
+            base = self.version == POLICY_JUDGE_VERSION
+            return await self._backend.compute_logprobs(tokens, base=base, start=start)
         raise JudgeConfigError("the policy judge scores with the base (version 0) or the current version only")
 
 

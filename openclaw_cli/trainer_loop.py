@@ -565,7 +565,8 @@ class TrainerLoop:
         """The frozen base model's log-probabilities of the turn's completion tokens after ``prompt``; None (logged)
         when the backend cannot score them."""
         try:
-            scored = await self.backend.compute_logprobs(prompt + list(turn.completion_tokens), base=True)
+            tokens = prompt + list(turn.completion_tokens)
+            scored = await self.backend.compute_logprobs(tokens, base=True, start=len(prompt))
         except Exception as exc:
             log.warning("turn %d: cannot score %s: %s", turn.id, what, exc)
             return None

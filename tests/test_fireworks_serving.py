@@ -68,6 +68,8 @@ async def test_sample_sends_token_ids_and_keeps_exact_tokens_and_logprobs(
     scored = await backend.compute_logprobs(prompt + result.tokens)
     assert scored[0] is None and len(scored) == len(prompt) + len(result.tokens)
     assert scored[len(prompt) :] == pytest.approx(result.logprobs, abs=1e-4)
+    tail = await backend.compute_logprobs(prompt + result.tokens, start=len(prompt))  # the service echoes all
+    assert tail[: len(prompt)] == [None] * len(prompt) and tail[len(prompt) :] == scored[len(prompt) :]
 
 
 async def test_stream_yields_each_token_then_the_same_completion_as_sample(backend: FireworksBackend) -> None:

@@ -357,6 +357,10 @@ async def test_compute_logprobs_is_none_then_teacher_forced(served: SimpleNamesp
     values = await served.sampler.compute_logprobs(tokens, version=0)
     assert values[0] is None and len(values) == 12
     assert values[1:] == pytest.approx(scored(served, 0, tokens), abs=1e-6)
+    # From a start position (a reply after its prompt): the same values there, None before.
+    tail = await served.sampler.compute_logprobs(tokens, version=0, start=9)
+    assert tail[:9] == [None] * 9 and tail[9:] == pytest.approx(values[9:], abs=1e-5)
+    assert await served.sampler.compute_logprobs(tokens, version=0, start=12) == [None] * 12
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -188,6 +188,8 @@ async def test_sampling_returns_the_services_tokens_and_sends_eos_stops(
     # The logprobs are the policy's own: teacher-forced scoring of the same tokens gives the same numbers.
     scored = await backend.compute_logprobs(prompt + result.tokens)
     assert scored[len(prompt) :] == pytest.approx(result.logprobs, abs=1e-5)
+    tail = await backend.compute_logprobs(prompt + result.tokens, start=len(prompt))  # the service scores all
+    assert tail[: len(prompt)] == [None] * len(prompt) and tail[len(prompt) :] == scored[len(prompt) :]
 
 
 async def test_a_stop_string_cuts_tokens_logprobs_and_text_after_sampling(backend: TinkerBackend) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from openclaw_cli.algorithms import teacher_messages
+from openclaw_cli.backend import none_before
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
@@ -54,11 +55,11 @@ class RecordingBackend:
             tokens=[31, 32], logprobs=[-0.5, -0.5], finish_reason="stop", version=0, text=self.demo_text
         )
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
         self.calls.append(("compute_logprobs", (list(tokens), base)))
         if base and self.base_logprob is not None:
-            return [None] + [self.base_logprob] * (len(tokens) - 1)
-        return [None] + [-0.1 * i for i in range(1, len(tokens))]
+            return none_before([None] + [self.base_logprob] * (len(tokens) - 1), start)
+        return none_before([None] + [-0.1 * i for i in range(1, len(tokens))], start)
 
     async def forward_backward(
         self, datums: list[Datum], loss: str, loss_config: dict[str, float] | None = None

@@ -17,7 +17,9 @@ from openclaw_cli.types import SampleResult, SamplingParams, StreamEvent
 
 
 class ScoringSampler(Protocol):
-    async def compute_logprobs(self, tokens: list[int], *, version: int | None = None) -> list[float | None]: ...
+    async def compute_logprobs(
+        self, tokens: list[int], *, version: int | None = None, start: int = 1
+    ) -> list[float | None]: ...
 
 
 class ServesFromSampler:
@@ -41,5 +43,6 @@ class ServesFromSampler:
     ) -> AsyncIterator[StreamEvent]:
         return self._serving_sampler().stream(prompt_tokens, params, version)
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        return await self._scoring_sampler().compute_logprobs(tokens, version=BASE_VERSION if base else None)
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        version = BASE_VERSION if base else None
+        return await self._scoring_sampler().compute_logprobs(tokens, version=version, start=start)

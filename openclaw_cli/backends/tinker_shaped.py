@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from openclaw_cli.backend import BASE_VERSION, BackendError
+from openclaw_cli.backend import BASE_VERSION, BackendError, none_before
 from openclaw_cli.backends import tinker_wire as wire
 from openclaw_cli.types import (
     AdamParams,
@@ -303,7 +303,7 @@ class TinkerShapedBackend:
             yield TokenChunk(token, logprob, result.text if i == last else "", result.version)
         yield result
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
         served = self._require_base() if base else self._acquire(None)
         ids = [int(t) for t in tokens]
         context = self.tokenizer().context_length
@@ -318,7 +318,7 @@ class TinkerShapedBackend:
         values = list(values)
         if len(values) != len(ids):
             raise BackendError(f"scoring {len(ids)} tokens returned {len(values)} logprobs")
-        return [None if i == 0 or v is None else float(v) for i, v in enumerate(values)]
+        return none_before([None if v is None else float(v) for v in values], max(start, 1))
 
     # -- training ------------------------------------------------------------------------------------------------
 

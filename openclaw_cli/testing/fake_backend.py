@@ -247,7 +247,7 @@ class FakeBackend:
 
     # -- protocol: training (not faked) ------------------------------------------------------------------------
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
         raise NotYetAvailable("FakeBackend is a serving test double; it computes no log-probabilities")
 
     async def forward_backward(

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backend import BackendError, ChatTokenizer, none_before
 from openclaw_cli.testing.fake_backend import FakeBackend, ScriptedReply, fake_logprob
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, LossName, PolicyVersion, StepResult
 
@@ -52,8 +52,8 @@ class FakeTrainingBackend(FakeBackend):
             return ScriptedReply(self.reply_for_version(version))
         return super()._next_reply(version)
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        return [None, *(fake_logprob(i) for i in range(len(tokens) - 1))]
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        return none_before([None, *(fake_logprob(i) for i in range(len(tokens) - 1))], start)
 
     async def forward_backward(
         self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None

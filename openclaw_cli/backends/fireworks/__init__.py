@@ -106,8 +106,8 @@ class FireworksBackend:
     ) -> AsyncIterator[StreamEvent]:
         return self._require().stream(prompt_tokens, params, version)
 
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False) -> list[float | None]:
-        return await self._require().compute_logprobs(tokens, base=base)
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        return await self._require().compute_logprobs(tokens, base=base, start=start)
 
     async def forward_backward(
         self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
+from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer, none_before
 from openclaw_cli.backends.fireworks.control import api_error, error_detail, status_of
 from openclaw_cli.types import FinishReason, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
@@ -434,8 +434,11 @@ class FireworksSampler:
         except (httpx.HTTPError, APIError) as exc:
             raise BackendError(f"the Fireworks stream broke: {exc}", retryable=True) from exc
 
-    async def compute_logprobs(self, tokens: list[int], *, version: int | None = None) -> list[float | None]:
-        """log p(tokens[i] | tokens[:i]) via an echoed completion; index 0 is None."""
+    async def compute_logprobs(
+        self, tokens: list[int], *, version: int | None = None, start: int = 1
+    ) -> list[float | None]:
+        """log p(tokens[i] | tokens[:i]) via an echoed completion (every position is echoed); None before
+        ``start`` and at index 0."""
         if len(tokens) < 2:
             return [None] * len(tokens)
         served = self.versions.resolve(version)
@@ -459,7 +462,7 @@ class FireworksSampler:
         echoed = entries[: len(tokens)]
         if any(e.get("token_id") is not None and int(e["token_id"]) != t for e, t in zip(echoed, tokens, strict=True)):
             raise BackendError("Fireworks echoed different token ids than were sent; cannot score the sequence")
-        return [None, *(float(e["logprob"]) for e in echoed[1:])]
+        return none_before([None, *(float(e["logprob"]) for e in echoed[1:])], start)
 
     async def _create(self, body: dict[str, Any]) -> Any:
         """``completions.create`` with the scale-up retry (see the module docstring)."""

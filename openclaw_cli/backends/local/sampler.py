@@ -171,12 +171,17 @@ class IncrementalText:
 # Teacher-forced scoring
 
 
-def teacher_forced_logprobs(model: nn.Module, tokens: Sequence[int], device: torch.device) -> list[float]:
-    """log p(tokens[i] | tokens[:i]) for i >= 1, from one forward pass (call under the version to score)."""
+def teacher_forced_logprobs(
+    model: nn.Module, tokens: Sequence[int], device: torch.device, start: int = 1
+) -> list[float]:
+    """log p(tokens[i] | tokens[:i]) for i >= ``start`` (>= 1), from one forward pass (call under the version to
+    score). Only the positions that predict those tokens go through the output layer: scoring a reply after a long
+    prompt, the vocabulary-wide logits at every prompt position were a fifth of the pass on SmolLM2."""
     with torch.inference_mode():
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-        logits = model(input_ids=input_ids, use_cache=False).logits[0, :-1].float()
-        targets = input_ids[0, 1:].unsqueeze(-1)
+        kept = len(tokens) - start + 1  # positions start-1 .. n-1; the last predicts nothing
+        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=kept).logits[0, :-1].float()
+        targets = input_ids[0, start:].unsqueeze(-1)
         return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1).tolist()
 
 
@@ -335,27 +340,31 @@ class TransformersSampler:
     ) -> AsyncIterator[StreamEvent]:
         return self._events(prompt_tokens, params, version, with_chunks=True)
 
-    async def compute_logprobs(self, tokens: list[int], *, version: int | None = None) -> list[float | None]:
-        """log p(tokens[i] | tokens[:i]) under a version (the current one by default); index 0 is None."""
+    async def compute_logprobs(
+        self, tokens: list[int], *, version: int | None = None, start: int = 1
+    ) -> list[float | None]:
+        """log p(tokens[i] | tokens[:i]) under a version (the current one by default) for i >= ``start``; None
+        before it and at index 0."""
         served = self._versions.acquire(version)
         self._check_tokens(tokens, "tokens")
         if len(tokens) > self.context_length:
             raise BackendError(
                 f"{len(tokens)} tokens exceed the model's context length of {self.context_length}", status_code=400
             )
-        if len(tokens) < 2:
+        start = max(start, 1)
+        if len(tokens) <= start:
             return [None] * len(tokens)
 
         def score() -> list[float]:
             with self._versions.activate(served):
-                return teacher_forced_logprobs(self._model, tokens, self._device)
+                return teacher_forced_logprobs(self._model, tokens, self._device, start)
 
         try:
             future = self._scoring_executor.submit(score)
         except RuntimeError as exc:
             raise BackendError("the local sampler is closed", retryable=True) from exc
         values = await asyncio.wrap_future(future)
-        return [None, *values]
+        return [*([None] * start), *values]
 
     async def next_token_logprobs(
         self, prompt: list[int], candidates: list[int], *, version: int | None = None
