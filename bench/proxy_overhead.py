@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from openclaw_cli.testing.local_servers import free_port, wait_until_answering
 
 REPLY = "Hello! How can I help you today?"
 # LiteLLM refuses to start without a master key; every target gets the same bearer token (the others ignore it).
@@ -162,27 +163,6 @@ def serve_forever(kind: str, port: int, upstream: str, store_path: str | None) -
 # -- orchestration ---------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server for {url} exited with code {proc.returncode} before it was ready")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up within {timeout_s}s")
-
-
 def start_own(kind: str, upstream: str = "", store_path: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--upstream", upstream]
@@ -190,7 +170,7 @@ def start_own(kind: str, upstream: str = "", store_path: str | None = None) -> t
         cmd += ["--store", store_path]
     proc = subprocess.Popen(cmd, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base + "/", proc)
+    wait_until_answering(base + "/", proc, timeout_s=90, what=f"the {kind} server")
     return proc, base
 
 
@@ -216,7 +196,7 @@ def start_litellm(executable: str, upstream: str) -> tuple[subprocess.Popen[byte
     }
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base + "/health/liveliness", proc, timeout_s=180)
+    wait_until_answering(base + "/health/liveliness", proc, timeout_s=180, what="the LiteLLM proxy")
     return proc, base
 
 

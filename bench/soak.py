@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from openclaw_cli.testing.local_servers import free_port
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -74,12 +75,6 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise RuntimeError("cannot read RSS: install psutil or run on Linux") from None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- the child: the runtime -----------------------------------------------------------------------------------------

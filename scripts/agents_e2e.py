@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from openclaw_cli.testing.local_servers import free_port, wait_until_answering  # noqa: E402
 
 TOOLS = {
     "claude-code": "@anthropic-ai/claude-code@2.1.332",
@@ -91,28 +92,6 @@ def npm(tools_dir: Path, specs: list[str], env: dict[str, str]) -> None:
     tools_dir.mkdir(parents=True, exist_ok=True)
     cmd = ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", str(tools_dir), *specs]
     subprocess.run(cmd, env=env, check=True, timeout=900)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_server(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"openclaw serve exited with {proc.returncode} before answering")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"openclaw serve did not answer at {url} within {timeout_s:.0f}s")
 
 
 def openclaw_cli(*args: str, env: dict[str, str]) -> None:
@@ -220,7 +199,9 @@ def main() -> int:
         server = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))  # noqa: SIM115
         outcomes: list[Outcome] = []
         try:
-            wait_for_server(f"http://127.0.0.1:{port}", server)
+            wait_until_answering(
+                f"http://127.0.0.1:{port}/healthz", server, timeout_s=180, what="openclaw serve", require_ok=True
+            )
             log(f"serving the tiny model on 127.0.0.1:{port}")
             for tool in args.tools:
                 log(f"running {tool} ...")

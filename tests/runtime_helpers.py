@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
+from openclaw_cli.testing.local_servers import free_port
 
-
-def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on right now (tests only ever bind the loopback address)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port", "runtime_settings"]
 
 
 def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Settings:
