@@ -100,7 +100,11 @@ def bench_ours(path: Path, args: argparse.Namespace, lora: LoraSettings) -> Meas
 
     loaded = load_model(Settings(model=str(path), local={"device": "cpu", "dtype": "float32"}))
     trainer = LoraTrainer(
-        loaded.model, lora, seed=0, max_batch_tokens=args.batch * (args.prompt_len + args.completion_len)
+        loaded.model,
+        lora,
+        seed=0,
+        max_batch_tokens=args.batch * (args.prompt_len + args.completion_len),
+        every_position=False,  # as the local backend trains (bench/output_layer.py measures the difference)
     )
     _, prompt = prompt_of_length(loaded.tokenizer.hf, args.prompt_len)
     generator = torch.Generator().manual_seed(0)
