@@ -424,8 +424,8 @@ class LoraTrainer:
 
         Unless ``every_position``, positions before :func:`_first_scored` are not scored (NaN): the output layer
         over the whole vocabulary, its log-softmax and their backward at every prompt position, where the weight is
-        0, were about a quarter of a step (SmolLM2, 8 datums of ~250 prompt + ~40 completion tokens: 24.2 s ->
-        18.6 s, same loss and gradients, as tests/test_trainer.py checks)."""
+        0, made a SmolLM2 step (8 datums of 300 prompt + 40 completion tokens) 1.41x slower
+        (``bench/output_layer.py``); the loss and gradients are the same, as tests/test_trainer.py checks."""
         length = max(p.length for p in batch)
         first = 0 if self.every_position else _first_scored(batch)
         input_ids = torch.zeros(len(batch), length, dtype=torch.long)
