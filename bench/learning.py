@@ -2,7 +2,8 @@
 
     python bench/learning.py [--minutes 8] [--seeds 0 1 2] [--judge policy|scripted] [--control] [--plot-dir DIR]
 
-Everything runs in one process on the real pieces, with ``Settings()`` defaults (nothing tuned here): the local
+Each run (a seed, or the control) is one process on the real pieces (a run's memory is not all given back when it
+ends: four runs in one process were killed for memory on a 24 GB machine), with ``Settings()`` defaults (nothing tuned here): the local
 backend with the embedded SmolLM2-135M-Instruct, the proxy with capture into a temporary SQLite store (uvicorn on
 127.0.0.1), the judge loop with the policy judging itself (``make_judge_client``; ``judge.mode = auto``), the trainer
 loop and the publisher ``openclaw launch`` uses (collapse guard).
@@ -28,14 +29,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -369,6 +372,30 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
     return RunResult(seed, judge_kind, after, len(rows), held_back, args.minutes, rows)
 
 
+def run_in_child(seed: int, judge_kind: str) -> RunResult | None:
+    """One run in a process of its own, this script with ``--one-run``: a run's memory (about 11 GB for SmolLM2 at
+    its peak) is not all given back when it ends, and four runs in one process were killed for memory on a 24 GB
+    machine. None (said) when the child fails."""
+    with tempfile.TemporaryDirectory(prefix="openclaw-learning-run-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        command = [sys.executable, __file__, *sys.argv[1:], "--one-run", f"{seed}:{judge_kind}"]
+        code = subprocess.run([*command, "--result-file", str(result_file)], check=False).returncode
+        if code != 0 or not result_file.exists():
+            print(f"\n!!! the run for seed {seed}, judge {judge_kind} failed (exit code {code}); left out below")
+            return None
+        data = json.loads(result_file.read_text())
+    data["after"] = HeldOut(**data["after"])
+    return RunResult(**data)
+
+
+def one_run(args: argparse.Namespace) -> int:
+    """``--one-run SEED:KIND``: train once and write the result to ``--result-file`` (see :func:`run_in_child`)."""
+    seed, _, kind = args.one_run.partition(":")
+    result = asyncio.run(train_once(args, int(seed), kind, args.plot_dir))
+    args.result_file.write_text(json.dumps(asdict(result)))
+    return 0
+
+
 def verdict_line(before: HeldOut, told: HeldOut, after: HeldOut) -> tuple[bool, str]:
     shorter = 1 - after.words / before.words if before.words else 0.0
     checks = {
@@ -396,7 +423,7 @@ async def main_async(args: argparse.Namespace) -> int:
     runs = [(seed, args.judge) for seed in args.seeds]
     if args.control:  # the scripted-judge control beside the first seed
         runs.insert(1, (args.seeds[0], "scripted"))
-    results = [await train_once(args, seed, kind, args.plot_dir) for seed, kind in runs]
+    results = [result for seed, kind in runs if (result := run_in_child(seed, kind)) is not None]
     print("\n=== held-out after training, plain (before / told as above)")
     print(f"{'judge':>9}{'seed':>6}{'steps':>7}{'held':>6}{'words':>8}{'hits':>7}{'distinct':>10}  verdict")
     passed = 0
@@ -433,11 +460,15 @@ def main() -> int:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a setting other than its default")
     parser.add_argument("--plot-dir", type=Path, default=None, help="write reward-over-steps PNGs here")
     parser.add_argument("--debug", action="append", metavar="LOGGER", help="log this logger at debug level")
+    parser.add_argument("--one-run", metavar="SEED:JUDGE", help=argparse.SUPPRESS)  # a child of run_in_child
+    parser.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in args.debug or []:
         logging.getLogger(name).setLevel(logging.DEBUG)
+    if args.one_run:
+        return one_run(args)
     return asyncio.run(main_async(args))
 
 
