@@ -3,10 +3,10 @@
     python bench/learning.py [--minutes 8] [--seeds 0 1 2] [--judge policy|scripted] [--control] [--plot-dir DIR]
 
 Each run (a seed, or the control) is one process on the real pieces (a run's memory is not all given back when it
-ends: four runs in one process were killed for memory on a 24 GB machine), with ``Settings()`` defaults (nothing tuned here): the local
-backend with the embedded SmolLM2-135M-Instruct, the proxy with capture into a temporary SQLite store (uvicorn on
-127.0.0.1), the judge loop with the policy judging itself (``make_judge_client``; ``judge.mode = auto``), the trainer
-loop and the publisher ``openclaw launch`` uses (collapse guard).
+ends: four runs in one process were killed for memory on a 24 GB machine), with ``Settings()`` defaults (nothing
+tuned here): the local backend with the embedded SmolLM2-135M-Instruct, the proxy with capture into a temporary
+SQLite store (uvicorn on 127.0.0.1), the judge loop with the policy judging itself (``make_judge_client``;
+``judge.mode = auto``), the trainer loop and the publisher ``openclaw launch`` uses (collapse guard).
 
 Scripted users ask the :data:`QUESTIONS` (training questions) over the OpenAI API with an ``X-Session-Id`` and want
 brevity: a reply over ``--max-words`` words gets :data:`CORRECTION`, a short one that misses the point gets
