@@ -20,11 +20,19 @@ on SmolLM2 on demonstrations it wrote in a learning run: answers to the question
 teacher's junk ("You are an empowered and helpful AI assistant.", the *next* question a "thanks; next question:
 ..." hint asked, "Try again.") -3.5 to -5. The base, not the policy, so that a policy that drifted towards junk
 cannot vouch for it.
+
+**Replay** (``train.demo_replay``): a demonstration is trained again in that many later steps (each time rescored
+by the current policy, so its ratio is 1 again when the gradient is taken). A correction is the scarcest thing the
+loop gets, and one Adam step is a fixed-size move whose direction is the batch's mean gradient: the same targets in
+consecutive batches keep that direction, where a batch of four fresh turns moves it around. A replayed
+demonstration belongs to a turn trained in an earlier step, so it never counts as a trained turn again (the step
+ledger's "at most once" is about turns), and the buffer lives in memory: a restart starts it empty.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 
@@ -117,3 +125,45 @@ async def hindsight_demo(
         version=version,
         demo_weight=weight,
     )
+
+
+class DemoReplay:
+    """The demonstrations still to be trained again, each with the number of later steps it has left."""
+
+    def __init__(self, uses: int) -> None:
+        self.uses = uses
+        self._held: list[tuple[TrainSample, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def due(self, backend: Backend, version: int) -> list[TrainSample]:
+        """The held demonstrations rescored by the current policy (``version``), marked as replays; one that cannot
+        be scored is left out of this step (logged)."""
+
+        async def rescored(demo: TrainSample) -> TrainSample | None:
+            prompt = demo.prompt_tokens
+            try:
+                scored = await backend.compute_logprobs(prompt + demo.completion_tokens, start=len(prompt))
+            except Exception as exc:
+                log.warning("turn %d: cannot rescore a replayed demonstration: %s", demo.turn_id, exc)
+                return None
+            tail = scored[len(prompt) :]
+            if len(tail) != len(demo.completion_tokens) or any(v is None for v in tail):
+                return None
+            logprobs = [float(v) for v in tail if v is not None]
+            return dataclasses.replace(demo, sampler_logprobs=logprobs, version=version, replayed=True)
+
+        found = await asyncio.gather(*(rescored(demo) for demo, _ in self._held))
+        return [demo for demo in found if demo is not None]
+
+    def after_step(self, fresh: list[TrainSample]) -> None:
+        """A step was taken: every held demonstration used one replay, and the step's new ones join."""
+        kept = [(demo, left - 1) for demo, left in self._held if left > 1]
+        if self.uses > 0:
+            kept += [(demo, self.uses) for demo in fresh if demo.demo_weight is not None and not demo.replayed]
+        self._held = kept
+
+    def clear(self) -> None:
+        """Forget every held demonstration (the step they were in was not served)."""
+        self._held = []

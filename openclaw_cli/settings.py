@@ -149,6 +149,13 @@ class TrainSettings(_Section):
         "every token (0 = off); under Adam it sets the demonstrations' share of a step, not its size (0.5 and 2.0 "
         "measured no better than 1.0). See openclaw_cli/hindsight_demos.py; measured in docs/learning.md.",
     )
+    demo_replay: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Later steps each hindsight demonstration is trained again in, rescored by the current policy "
+        "(0 = once). See DemoReplay in openclaw_cli/hindsight_demos.py; measured in docs/learning.md.",
+    )
     demo_max_tokens: int = Field(
         128, ge=1, le=4096, description="Token budget of a hindsight demonstration (a cut-off one is dropped)."
     )

@@ -66,7 +66,7 @@ from openclaw_cli.algorithms import (
     teacher_messages,
 )
 from openclaw_cli.backend import Backend
-from openclaw_cli.hindsight_demos import hindsight_demo
+from openclaw_cli.hindsight_demos import DemoReplay, hindsight_demo
 from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -161,6 +161,7 @@ class TrainerLoop:
         self._weights_ahead = False
         self._attempts = 0
         self._baseline = RunningBaseline(decay=settings.train.baseline_decay)
+        self._replay = DemoReplay(settings.train.demo_replay)
         self._can_discard = callable(getattr(backend, "discard_gradients", None))
         # How a trained step reaches serving: the backend's publish, or a promotion gate's (see openclaw launch).
         self.publisher: Callable[[str], Awaitable[PolicyVersion]] = backend.publish
@@ -366,7 +367,6 @@ class TrainerLoop:
         current_version = self.backend.current_version().version
         started = time.monotonic()
         samples, rewards, unusable = await self._samples(batch)
-        scored = time.monotonic()
         stale = [s.turn_id for s in samples if current_version - s.version > train.max_staleness]
         # The baseline for this batch is the running mean *before* it (a batch never centres on itself); it is
         # folded in only once the step has happened, so a retried step sees the same baseline.
@@ -377,6 +377,14 @@ class TrainerLoop:
             log.info("batch of %d turns has no usable signal (%s); no step", len(batch), method)
             await self._complete(batch, {"trained": False, "reason": "no usable signal", "stale": stale})
             return None
+        # Replays only ride along a step the batch earns itself: a batch without signal stays no step.
+        replays = await self._replay.due(self.backend, current_version) if len(self._replay) else []
+        if replays:
+            samples += replays
+            datums, trained_ids = build_datums(
+                samples, method, train, current_version=current_version, baseline=baseline
+            )
+        scored = time.monotonic()
 
         if self._can_discard:
             await self.backend.discard_gradients()  # a failed earlier attempt may have left some behind
@@ -389,12 +397,15 @@ class TrainerLoop:
             self._weights_ahead = False  # it failed: no update (what retrying the step relies on, too)
             raise
         self._baseline.update([r for r in rewards if r != 0])
+        self._replay.after_step(samples)
         trained_at = time.monotonic()
         # The update is in the trainer from here on: the turns count as trained even if publishing fails.
         step = self.step + 1
         try:
             version = (await self.publisher(checkpoint_name(step))).version
             publish_error = None
+            if version == current_version:  # held back (collapse guard or gate): its demonstrations go with it
+                self._replay.clear()
         except Exception as exc:
             log.exception("publishing step %d failed; serving stays on the previous version", step)
             version = self.backend.current_version().version
@@ -413,7 +424,8 @@ class TrainerLoop:
             "dropped_stale": len(stale),
             "unusable": unusable,
             "teacher_hints": sum(1 for s in samples if s.teacher_logprobs is not None),
-            "demos": sum(1 for s in samples if s.demo_weight is not None),
+            "demos": sum(1 for s in samples if s.demo_weight is not None and not s.replayed),
+            "replayed_demos": len(replays),
             "grad_norm": optim.metrics.get("grad_norm"),
             "lr": train.lr,
             "method": method,

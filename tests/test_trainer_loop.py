@@ -298,6 +298,57 @@ async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_mode
     world.store.close()
 
 
+async def test_a_demonstration_is_replayed_rescored_in_later_steps_without_training_its_turn_again(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1, demo_replay=1)
+    world.settings.method = "opd"
+    loop = world.loop()
+    corrected = world.ready_turn([21, 22], score=-1, hint="Answer in one word.")
+    first = await loop.run_once()
+    assert first is not None and first.metrics["demos"] == 1 and first.metrics["replayed_demos"] == 0
+
+    world.ready_turn([23], score=0)  # no hint: no signal of its own, so no step, and the replay waits
+    world.backend.calls.clear()
+    assert await loop.run_once() is None and not world.backend.called("compute_logprobs")
+
+    approved = world.ready_turn([24], score=1, hint="Thanks.")
+    second = await loop.run_once()
+    assert second is not None and second.metrics["demos"] == 0 and second.metrics["replayed_demos"] == 1
+    assert second.trained_turn_ids == [approved] and corrected not in second.trained_turn_ids
+    # Rescored by the current policy (version 1) in the plain context: the ratio starts at 1 again.
+    assert ([*PROMPT, 31, 32], False) in world.backend.called("compute_logprobs")
+    replay = world.backend.datums[-1][1]
+    assert replay.model_input[len(PROMPT) :] == [31]
+    assert completion_part(replay, "logprobs") == pytest.approx([-0.1 * 3, -0.1 * 4])
+    assert completion_part(replay, "advantages") == pytest.approx([1.0 / 2 / 2] * 2)
+    assert [m["trained_turn_ids"] for *_, m in world.store.steps()] == [[corrected], [approved]]  # the ledger, too
+
+    world.ready_turn([25], score=1, hint="Thanks.")
+    third = await loop.run_once()  # demo_replay=1: used up
+    assert third is not None and third.metrics["replayed_demos"] == 0 and len(world.backend.datums[-1]) == 1
+    world.store.close()
+
+
+async def test_a_held_back_version_takes_its_demonstrations_out_of_the_replay(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, batch_size=1, demo_replay=2)
+    world.settings.method = "opd"
+    loop = world.loop()
+
+    async def held_back(name: str) -> PolicyVersion:
+        return world.backend.current_version()  # what the collapse guard or the gate answers
+
+    loop.publisher = held_back
+    world.ready_turn([21, 22], score=-1, hint="Answer in one word.")
+    assert (await loop.run_once()) is not None
+    world.ready_turn([24], score=1, hint="Thanks.")
+    report = await loop.run_once()
+    assert report is not None and report.metrics["replayed_demos"] == 0
+    world.store.close()
+
+
 @pytest.mark.parametrize(
     ("score", "demo_text", "base_logprob", "why"),
     [

@@ -31,6 +31,8 @@ class TrainSample:
     # A hindsight demonstration (openclaw_cli/hindsight_demos.py): the completion is the base model's hinted reply,
     # trained with this constant advantage on every token and no KL anchor (it is the target, not a drift).
     demo_weight: float | None = None
+    # A demonstration trained again in a later step (DemoReplay): its turn was trained before and is not again.
+    replayed: bool = False
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
@@ -144,5 +146,5 @@ def build_datums(
                 advantages=[a * scale for a in advantages],
             )
         )
-    # A turn and its demonstration are one trained turn.
-    return datums, list(dict.fromkeys(sample.turn_id for sample, _ in kept))
+    # A turn and its demonstration are one trained turn; a replayed demonstration's turn was trained in its own step.
+    return datums, list(dict.fromkeys(sample.turn_id for sample, _ in kept if not sample.replayed))
