@@ -115,13 +115,13 @@ def exchange(session: str, messages: list[dict[str, Any]], completion: list[int]
 
 
 class World:
-    def __init__(self, tmp_path: Path, tokenizer: Any, **train: Any) -> None:
+    def __init__(self, tmp_path: Path, tokenizer: Any, method: str = "rl", **train: Any) -> None:
         train.setdefault("batch_size", 2)
         # These tests check the RL advantages by hand; the KL anchor has its own tests (test_algorithms.py).
         train.setdefault("kl_coef", 0.0)
         train.setdefault("collapse_guard", False)
         self.settings = Settings(
-            train=TrainSettings(**train), local=LocalSettings(state_dir=tmp_path / "ckpt"), method="rl"
+            train=TrainSettings(**train), local=LocalSettings(state_dir=tmp_path / "ckpt"), method=method
         )
         self.tmp_path = tmp_path
         self.tokenizer = tokenizer
@@ -164,6 +164,14 @@ def world(tmp_path: Path, tiny_tokenizer: Any):
 
 def completion_part(datum: Datum, key: str) -> list[float]:
     return datum.loss_fn_inputs[key][len(PROMPT) - 1 :]
+
+
+def assert_plain_demo(datum: Datum, *, advantage: float) -> None:
+    """The double's demonstration "Paris." (tokens 31 32) after the plain prompt (no hint), its logprobs the current
+    policy's (the double's -0.1 per position), a constant advantage."""
+    assert datum.model_input[len(PROMPT) :] == [31]
+    assert completion_part(datum, "logprobs") == pytest.approx([-0.1 * 3, -0.1 * 4])
+    assert completion_part(datum, "advantages") == pytest.approx([advantage, advantage])
 
 
 async def test_waits_for_a_full_judged_batch_then_trains_once_with_exact_datums(world: World) -> None:
@@ -257,8 +265,7 @@ async def test_the_trainer_takes_the_newest_judged_turns_first(tmp_path: Path, t
 async def test_opd_scores_the_completion_with_the_base_model_in_the_hinted_context(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, batch_size=1)
-    world.settings.method = "opd"
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1)
     world.ready_turn([21, 22], score=1, hint="Answer in one word.")
     report = await world.loop().run_once()
     assert report is not None and report.metrics["teacher_hints"] == 1
@@ -276,8 +283,7 @@ async def test_opd_scores_the_completion_with_the_base_model_in_the_hinted_conte
 async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_models_hinted_reply(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, batch_size=1, demo_weight=0.5)
-    world.settings.method = "opd"
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_weight=0.5)
     world.ready_turn([21, 22], score=-1, hint="Answer in one word.")
     report = await world.loop().run_once()
     assert report is not None and report.metrics["demos"] == 1 and report.metrics["n_samples"] == 2
@@ -289,11 +295,8 @@ async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_mode
     # Scored by the current policy in the plain context: those are the demo's "sampler" logprobs (ratio 1 at first).
     assert ([*PROMPT, 31, 32], False) in world.backend.called("compute_logprobs")
     assert ([*PROMPT, 31, 32], True) in world.backend.called("compute_logprobs")  # the base vouches for it
-    demo = world.backend.datums[0][1]
-    assert demo.model_input[len(PROMPT) :] == [31]  # the prompt is the plain one, no hint
-    assert completion_part(demo, "logprobs") == pytest.approx([-0.1 * 3, -0.1 * 4])
     # Constant advantage 0.5, no KL anchor, the sample-mean normalisation over 2 samples of 2 tokens: 0.5 / 2 / 2.
-    assert completion_part(demo, "advantages") == pytest.approx([0.125, 0.125])
+    assert_plain_demo(world.backend.datums[0][1], advantage=0.125)
     assert report.trained_turn_ids == [report.batch_turn_ids[0]]  # the turn and its demonstration: one turn
     world.store.close()
 
@@ -301,8 +304,7 @@ async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_mode
 async def test_a_demonstration_is_replayed_rescored_in_later_steps_without_training_its_turn_again(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, batch_size=1, demo_replay=1)
-    world.settings.method = "opd"
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_replay=1)
     loop = world.loop()
     corrected = world.ready_turn([21, 22], score=-1, hint="Answer in one word.")
     first = await loop.run_once()
@@ -318,10 +320,7 @@ async def test_a_demonstration_is_replayed_rescored_in_later_steps_without_train
     assert second.trained_turn_ids == [approved] and corrected not in second.trained_turn_ids
     # Rescored by the current policy (version 1) in the plain context: the ratio starts at 1 again.
     assert ([*PROMPT, 31, 32], False) in world.backend.called("compute_logprobs")
-    replay = world.backend.datums[-1][1]
-    assert replay.model_input[len(PROMPT) :] == [31]
-    assert completion_part(replay, "logprobs") == pytest.approx([-0.1 * 3, -0.1 * 4])
-    assert completion_part(replay, "advantages") == pytest.approx([1.0 / 2 / 2] * 2)
+    assert_plain_demo(world.backend.datums[-1][1], advantage=1.0 / 2 / 2)
     assert [m["trained_turn_ids"] for *_, m in world.store.steps()] == [[corrected], [approved]]  # the ledger, too
 
     world.ready_turn([25], score=1, hint="Thanks.")
@@ -333,8 +332,7 @@ async def test_a_demonstration_is_replayed_rescored_in_later_steps_without_train
 async def test_a_held_back_version_takes_its_demonstrations_out_of_the_replay(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, batch_size=1, demo_replay=2)
-    world.settings.method = "opd"
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_replay=2)
     loop = world.loop()
 
     async def held_back(name: str) -> PolicyVersion:
@@ -360,8 +358,7 @@ async def test_a_held_back_version_takes_its_demonstrations_out_of_the_replay(
 async def test_no_demonstration_for_an_approved_turn_or_an_unusable_one(
     tmp_path: Path, tiny_tokenizer: Any, score: int, demo_text: str, base_logprob: float | None, why: str
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, batch_size=1)
-    world.settings.method = "opd"
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1)
     world.backend.demo_text = demo_text
     world.backend.base_logprob = base_logprob
     world.ready_turn([21, 22], score=score, hint="No, answer in one word.")
