@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -37,9 +36,9 @@ from openclaw_cli.proxy.anthropic_convert import (
     to_openai_messages,
     to_openai_tools,
 )
-from openclaw_cli.proxy.capture_handoff import record_reply
+from openclaw_cli.proxy.api_call import ApiCall, ParsedRequest
+from openclaw_cli.proxy.capture_handoff import build_exchange
 from openclaw_cli.proxy.completion import (
-    PreparedPrompt,
     SamplingRequest,
     assistant_message,
     dropped_tool_tokens,
@@ -54,8 +53,7 @@ from openclaw_cli.proxy.constraints import (
 )
 from openclaw_cli.proxy.errors import ProxyError, error_body
 from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
-from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.respond import answer, prepare_request
+from openclaw_cli.proxy.respond import ReplyFormat, answer, start_call
 from openclaw_cli.proxy.sse import event_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream
@@ -67,18 +65,9 @@ log = logging.getLogger("openclaw.proxy.anthropic")
 INT32_MAX = 2**31 - 1  # samplers take top_k as int32
 
 
-@dataclass
-class MessagesRequest:
-    body: dict[str, Any]
-    model: ResolvedModel
-    messages: list[Message]
-    tools: list[dict[str, Any]] | None
-    tools_offered: bool
-    sampling: SamplingRequest
-    stream: bool = False
-    constraints: ReplyConstraints = field(default_factory=ReplyConstraints)
+@dataclass(kw_only=True)
+class MessagesRequest(ParsedRequest):
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex[:24])
-    started_at: float = field(default_factory=time.time)
 
 
 def _conversation(body: dict[str, Any], state: ProxyState) -> tuple[list[Message], list[dict[str, Any]] | None, bool]:
@@ -230,32 +219,20 @@ async def create_message(request: Request) -> Response:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     req = parse_messages_request(body, state)
-    prepared = await prepare_request(state, req)
-    return await answer(
-        request,
-        state,
-        req,
-        prepared,
-        n=1,
-        live=lambda stream: _sse(request, state, req, prepared, stream),
-        record=lambda sampled: _recorded_body(request, state, req, prepared, sampled[0]),
-        as_stream=_replay_as_stream,
-        error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
-        headers=partial(response_headers, req),
-    )
+    call = await start_call(request, state, req, api="anthropic", request_id=req.message_id)
+    return await answer(call, _REPLY)
 
 
-async def _recorded_body(
-    request: Request, state: ProxyState, req: MessagesRequest, prepared: PreparedPrompt, sample: Sampled
-) -> tuple[dict[str, Any], int]:
-    """The message body for ``sample`` and the version that answered; recorded first."""
-    visible = req.constraints.visible(sample.parsed)
-    extra = capture_metadata(req.constraints, sample)
-    body_out = await _finish(request, state, req, prepared, sample.result, visible, stream=req.stream, extra=extra)
+async def _recorded_body(call: ApiCall[MessagesRequest], sampled: list[Sampled]) -> tuple[dict[str, Any], int]:
+    """The message body for the one sample and the version that answered; recorded first."""
+    sample = sampled[0]
+    visible = call.req.constraints.visible(sample.parsed)
+    extra = capture_metadata(call.req.constraints, sample)
+    body_out = await _finish(call, sample.result, visible, stream=call.req.stream, extra=extra)
     return body_out, sample.result.version
 
 
-async def _replay_as_stream(body: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _replay_as_stream(_req: MessagesRequest, body: dict[str, Any]) -> AsyncIterator[bytes]:
     """A finished message as the streamed event sequence: message_start, ping, each content block whole
     (start / one delta / stop), message_delta, message_stop."""
     start = {**body, "content": [], "stop_reason": None, "stop_sequence": None}
@@ -326,36 +303,23 @@ class _Blocks:
         return frames + self.stop()
 
 
-def _sse(
-    request: Request, state: ProxyState, req: MessagesRequest, prepared: PreparedPrompt, stream: OpenStream
-) -> AsyncIterator[bytes]:
-    choices = live_choices(state.backend.tokenizer(), prepared, 1)
-    return guarded_frames(
-        _frames(request, state, req, prepared, stream, choices),
-        api="anthropic",
-        request=request,
-        state=state,
-        call=req,
-        request_id=req.message_id,
-        prepared=prepared,
-        stream=stream,
-        choices=choices,
-        error_frame=lambda err: event_frame("error", error_body(err, "anthropic")),
-    )
+def _error_frame(_req: MessagesRequest, err: ProxyError) -> bytes:
+    return event_frame("error", error_body(err, "anthropic"))
+
+
+def _sse(call: ApiCall[MessagesRequest], stream: OpenStream) -> AsyncIterator[bytes]:
+    choices = live_choices(call.state.backend.tokenizer(), call.prepared, 1)
+    error_frame = partial(_error_frame, call.req)
+    return guarded_frames(_frames(call, stream, choices), call, stream=stream, choices=choices, error_frame=error_frame)
 
 
 async def _frames(
-    request: Request,
-    state: ProxyState,
-    req: MessagesRequest,
-    prepared: PreparedPrompt,
-    stream: OpenStream,
-    choices: list[LiveChoice],
+    call: ApiCall[MessagesRequest], stream: OpenStream, choices: list[LiveChoice]
 ) -> AsyncGenerator[bytes, None]:
     splitter = choices[0].splitter
     blocks = _Blocks()
-    n_prompt = len(prepared.prompt_tokens)
-    start_message = message_body(req, [], (None, None), usage(n_prompt, 0))
+    n_prompt = len(call.prepared.prompt_tokens)
+    start_message = message_body(call.req, [], (None, None), usage(n_prompt, 0))
     yield event_frame("message_start", {"type": "message_start", "message": start_message})
     yield event_frame("ping", {"type": "ping"})
     async for step in split_stream(stream, choices):
@@ -368,7 +332,7 @@ async def _frames(
         if step.result is not None:
             for frame in blocks.stop():
                 yield frame
-            await _finish(request, state, req, prepared, step.result, splitter.result())
+            await _finish(call, step.result, splitter.result())
             stop_reason, stop_sequence = stop_reason_for(step.result, splitter.result())
             yield event_frame(
                 "message_delta",
@@ -382,10 +346,7 @@ async def _frames(
 
 
 async def _finish(
-    request: Request,
-    state: ProxyState,
-    req: MessagesRequest,
-    prepared: PreparedPrompt,
+    call: ApiCall[MessagesRequest],
     result: SampleResult,
     received: ParsedAssistant,
     *,
@@ -396,26 +357,23 @@ async def _finish(
     message body."""
     calls = anthropic_calls(received.tool_calls)
     stop = stop_reason_for(result, received)
-    body = message_body(
-        req, content_blocks(received, calls), stop, usage(len(prepared.prompt_tokens), len(result.tokens))
-    )
+    n_prompt = len(call.prepared.prompt_tokens)
+    body = message_body(call.req, content_blocks(received, calls), stop, usage(n_prompt, len(result.tokens)))
     message = assistant_message(received, calls)
-    await record_reply(
-        state.recorder,
-        api="anthropic",
-        request=request,
-        call=req,
-        request_id=req.message_id,
-        prepared=prepared,
+    exchange = build_exchange(
+        call,
         result=result,
         finish_reason=str(stop[0]),
         message=message,
         response=body,
         stream=stream,
-        extra=extra,
+        extra_metadata=extra,
     )
+    await call.state.recorder.record(exchange)
     return body
 
+
+_REPLY = ReplyFormat(_sse, _recorded_body, _replay_as_stream, _error_frame, response_headers)
 
 routes = [
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),

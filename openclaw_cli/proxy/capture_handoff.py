@@ -29,13 +29,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from starlette.requests import Request
-
-from openclaw_cli.capture import ApiKind, CapturedExchange, CaptureSink, RecordedTurn
-from openclaw_cli.proxy.completion import PreparedPrompt
-from openclaw_cli.proxy.models import ResolvedModel
+from openclaw_cli.capture import CapturedExchange, CaptureSink, RecordedTurn
+from openclaw_cli.proxy.api_call import ApiCall
 from openclaw_cli.secrets_scrub import scrub_headers
 from openclaw_cli.types import Message, SampleResult, TokenChunk
 
@@ -43,6 +40,7 @@ log = logging.getLogger("openclaw.proxy.capture")
 
 OPT_OUT_HEADER = "x-openclaw-opt-out"
 ABORTED = "aborted"  # finish_reason of a stream the client left
+_ABORTED_META = {"turn_type": "side", "aborted": True}  # what a left stream's turn is tagged with
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -159,35 +157,31 @@ class CaptureRecorder:
 
 
 def build_exchange(
-    *,
-    api: ApiKind,
-    request: Request,
-    body: dict[str, Any],
-    model: ResolvedModel,
-    prepared: PreparedPrompt,
+    call: ApiCall[Any],
     result: SampleResult,
     finish_reason: str,
     message: Message,
     response: dict[str, Any],
-    started_at: float,
     stream: bool,
     choice_index: int = 0,
-    request_id: str = "",
     extra_metadata: dict[str, Any] | None = None,
 ) -> CapturedExchange:
-    metadata: dict[str, Any] = {"request_id": request_id, "endpoint": request.scope["path"]}
-    if model.turn_type_hint is not None:
-        metadata["turn_type"] = model.turn_type_hint
+    """What capture stores of one reply (every API, streamed or not); the API records it before the client gets the
+    reply's end."""
+    req, prepared = call.req, call.prepared
+    metadata: dict[str, Any] = {"request_id": call.request_id, "endpoint": call.request.scope["path"]}
+    if req.model.turn_type_hint is not None:
+        metadata["turn_type"] = req.model.turn_type_hint
     if result.stop_sequence is not None:
         metadata["stop_sequence"] = result.stop_sequence
     metadata.update(extra_metadata or {})
     return CapturedExchange(
-        api=api,
-        headers=scrub_headers(request.scope["headers"]),
-        request=body,
+        api=call.api,
+        headers=scrub_headers(call.request.scope["headers"]),
+        request=req.body,
         messages=prepared.messages,
         tools=prepared.tools,
-        model=model.requested,
+        model=req.model.requested,
         prompt_tokens=list(prepared.prompt_tokens),
         completion_tokens=list(result.tokens),
         logprobs=list(result.logprobs),
@@ -196,7 +190,7 @@ def build_exchange(
         finish_reason=finish_reason,
         assistant_message=message,
         response=response,
-        started_at=started_at,
+        started_at=req.started_at,
         first_token_at=result.first_token_at or result.finished_at,
         finished_at=result.finished_at,
         stream=stream,
@@ -225,93 +219,14 @@ class PartialReply:
         return not self.finished and bool(self.tokens)
 
 
-class StreamedCall(Protocol):
-    """What every API's parsed request carries that capture needs."""
-
-    body: dict[str, Any]
-    model: ResolvedModel
-    started_at: float
-
-
-async def record_reply(
-    recorder: CaptureRecorder,
-    *,
-    api: ApiKind,
-    request: Request,
-    call: StreamedCall,
-    request_id: str,
-    prepared: PreparedPrompt,
-    result: SampleResult,
-    finish_reason: str,
-    message: Message,
-    response: dict[str, Any],
-    stream: bool,
-    choice_index: int = 0,
-    extra: dict[str, Any] | None = None,
-) -> None:
-    """Record one finished reply (every API, streamed or not) before the client gets its end."""
-    exchange = build_exchange(
-        api=api,
-        request=request,
-        body=call.body,
-        model=call.model,
-        prepared=prepared,
-        result=result,
-        finish_reason=finish_reason,
-        message=message,
-        response=response,
-        started_at=call.started_at,
-        stream=stream,
-        choice_index=choice_index,
-        request_id=request_id,
-        extra_metadata=extra,
-    )
-    await recorder.record(exchange)
-
-
-def record_abandoned(
-    *,
-    api: ApiKind,
-    request: Request,
-    recorder: CaptureRecorder,
-    tokenizer: Any,
-    call: StreamedCall,
-    request_id: str,
-    prepared: PreparedPrompt,
-    partials: Sequence[PartialReply],
-) -> None:
+def record_abandoned(call: ApiCall[Any], partials: Sequence[PartialReply]) -> None:
     """A stream's cleanup: record each choice the client left mid-reply (see :func:`record_aborted`)."""
     for index, partial in enumerate(partials):
         if partial.abandoned():
-            record_aborted(
-                api=api,
-                request=request,
-                recorder=recorder,
-                tokenizer=tokenizer,
-                body=call.body,
-                model=call.model,
-                prepared=prepared,
-                partial=partial,
-                started_at=call.started_at,
-                request_id=request_id,
-                choice_index=index,
-            )
+            record_aborted(call, partial, choice_index=index)
 
 
-def record_aborted(
-    *,
-    api: ApiKind,
-    request: Request,
-    recorder: CaptureRecorder,
-    tokenizer: Any,
-    body: dict[str, Any],
-    model: ResolvedModel,
-    prepared: PreparedPrompt,
-    partial: PartialReply,
-    started_at: float,
-    request_id: str,
-    choice_index: int = 0,
-) -> None:
+def record_aborted(call: ApiCall[Any], partial: PartialReply, choice_index: int = 0) -> None:
     """Record the part of a reply a client received before it left: a side turn (stored, never trained: the policy
     did not finish it) with ``finish_reason`` "aborted"."""
     now = time.time()
@@ -320,26 +235,15 @@ def record_aborted(
         logprobs=list(partial.logprobs),
         finish_reason="length",
         version=partial.version,
-        text=tokenizer.decode(partial.tokens),
-        prompt_tokens=len(prepared.prompt_tokens),
-        started_at=started_at,
+        text=call.state.backend.tokenizer().decode(partial.tokens),
+        prompt_tokens=len(call.prepared.prompt_tokens),
+        started_at=call.req.started_at,
         first_token_at=partial.first_token_at,
         finished_at=now,
     )
+    message: Message = {"role": "assistant", "content": result.text}
+    response = {"aborted": True, "tokens_delivered": len(partial.tokens)}
     exchange = build_exchange(
-        api=api,
-        request=request,
-        body=body,
-        model=model,
-        prepared=prepared,
-        result=result,
-        finish_reason=ABORTED,
-        message={"role": "assistant", "content": result.text},
-        response={"aborted": True, "tokens_delivered": len(partial.tokens)},
-        started_at=started_at,
-        stream=True,
-        choice_index=choice_index,
-        request_id=request_id,
-        extra_metadata={"turn_type": "side", "aborted": True},
+        call, result, ABORTED, message, response, stream=True, choice_index=choice_index, extra_metadata=_ABORTED_META
     )
-    recorder.record_aborted(exchange)
+    call.state.recorder.record_aborted(exchange)

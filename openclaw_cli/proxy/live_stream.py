@@ -15,15 +15,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-
-from starlette.requests import Request
+from typing import Any
 
 from openclaw_cli.backend import ChatTokenizer
-from openclaw_cli.capture import ApiKind
-from openclaw_cli.proxy.capture_handoff import PartialReply, StreamedCall, record_abandoned
+from openclaw_cli.proxy.api_call import ApiCall
+from openclaw_cli.proxy.capture_handoff import PartialReply, record_abandoned
 from openclaw_cli.proxy.completion import PreparedPrompt, parser_for
 from openclaw_cli.proxy.errors import ProxyError, from_stream_failure
-from openclaw_cli.proxy.state import ProxyState
 from openclaw_cli.proxy.stream_open import OpenStream
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, Piece
 from openclaw_cli.types import SampleResult, TokenChunk
@@ -83,13 +81,8 @@ async def split_stream(stream: OpenStream, choices: Sequence[LiveChoice]) -> Asy
 
 async def guarded_frames(
     frames: AsyncGenerator[bytes, None],
+    call: ApiCall[Any],
     *,
-    api: ApiKind,
-    request: Request,
-    state: ProxyState,
-    call: StreamedCall,
-    request_id: str,
-    prepared: PreparedPrompt,
     stream: OpenStream,
     choices: Sequence[LiveChoice],
     error_frame: Callable[[ProxyError], bytes],
@@ -100,23 +93,15 @@ async def guarded_frames(
         async for frame in frames:
             yield frame
     except Exception as exc:
-        err = from_stream_failure(exc, retry_after_s=state.settings.proxy.retry_after_s)
+        err = from_stream_failure(exc, retry_after_s=call.state.settings.proxy.retry_after_s)
         failed = True
-        logging.getLogger(f"openclaw.proxy.{api}").error("stream %s failed mid-way: %s", request_id, err.message)
+        log = logging.getLogger(f"openclaw.proxy.{call.api}")
+        log.error("stream %s failed mid-way: %s", call.request_id, err.message)
         yield error_frame(err)
     finally:
         try:
             await frames.aclose()
         finally:
             if not failed:  # a choice the client left mid-reply is kept as a side turn
-                record_abandoned(
-                    api=api,
-                    request=request,
-                    recorder=state.recorder,
-                    tokenizer=state.backend.tokenizer(),
-                    call=call,
-                    request_id=request_id,
-                    prepared=prepared,
-                    partials=[choice.partial for choice in choices],
-                )
+                record_abandoned(call, [choice.partial for choice in choices])
             await stream.close()

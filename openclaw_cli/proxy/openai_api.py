@@ -33,9 +33,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from openclaw_cli.backend import ChatTokenizer
-from openclaw_cli.proxy.capture_handoff import record_reply
+from openclaw_cli.proxy.api_call import ApiCall, ParsedRequest
+from openclaw_cli.proxy.capture_handoff import build_exchange
 from openclaw_cli.proxy.completion import (
-    PreparedPrompt,
     SamplingRequest,
     assistant_message,
     split_completion,
@@ -49,8 +49,7 @@ from openclaw_cli.proxy.constraints import (
 )
 from openclaw_cli.proxy.errors import ProxyError, error_body
 from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
-from openclaw_cli.proxy.models import ResolvedModel
-from openclaw_cli.proxy.respond import answer, prepare_request
+from openclaw_cli.proxy.respond import ReplyFormat, answer, start_call
 from openclaw_cli.proxy.sse import DONE_FRAME, KEEPALIVE_COMMENT, data_frame
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream
@@ -66,23 +65,14 @@ MAX_TOP_LOGPROBS = 20
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1  # samplers take top_k as int32 and a seed as int64
 
 
-@dataclass
-class ChatRequest:
-    body: dict[str, Any]
-    model: ResolvedModel
-    messages: list[Message]
-    tools: list[dict[str, Any]] | None
-    tools_offered: bool
-    sampling: SamplingRequest
+@dataclass(kw_only=True)
+class ChatRequest(ParsedRequest):
     n: int = 1
-    stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
-    constraints: ReplyConstraints = field(default_factory=ReplyConstraints)
     request_id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
-    started_at: float = field(default_factory=time.time)
 
 
 # -- request parsing -----------------------------------------------------------------------------------------------
@@ -343,26 +333,14 @@ async def chat_completions(request: Request) -> Response:
     state = proxy_state(request)
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     req = parse_chat_request(body, state)
-    prepared = await prepare_request(state, req)
-    return await answer(
-        request,
-        state,
-        req,
-        prepared,
-        n=req.n,
-        live=lambda stream: _sse(request, state, req, prepared, stream),
-        record=lambda sampled: _recorded_body(request, state, req, prepared, sampled),
-        as_stream=partial(_replay_as_stream, req),
-        error_frame=lambda err: data_frame(error_body(err, "openai")),
-        headers=partial(response_headers, req),
-    )
+    call = await start_call(request, state, req, api="openai", request_id=req.request_id)
+    return await answer(call, _REPLY, n=req.n)
 
 
-async def _recorded_body(
-    request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt, sampled: list[Sampled]
-) -> tuple[dict[str, Any], int]:
+async def _recorded_body(call: ApiCall[ChatRequest], sampled: list[Sampled]) -> tuple[dict[str, Any], int]:
     """The completion body for ``sampled`` and the version that answered; each choice recorded first."""
-    tokenizer = state.backend.tokenizer()
+    req = call.req
+    tokenizer = call.state.backend.tokenizer()
     choices = []
     for i, sample in enumerate(sampled):
         parsed = req.constraints.visible(sample.parsed)
@@ -370,19 +348,11 @@ async def _recorded_body(
         lp = {"content": logprob_entries(tokenizer, sample.result, req.top_logprobs)} if req.logprobs else None
         choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
     version = sampled[0].result.version
-    total = usage(len(prepared.prompt_tokens), sum(len(s.result.tokens) for s in sampled))
+    total = usage(len(call.prepared.prompt_tokens), sum(len(s.result.tokens) for s in sampled))
     body = completion_body(req, version, choices, total)
     for choice, sample in zip(choices, sampled, strict=True):
-        await _record_choice(
-            request,
-            state,
-            req,
-            prepared,
-            sample.result,
-            choice,
-            stream=req.stream,
-            extra=capture_metadata(req.constraints, sample),
-        )
+        extra = capture_metadata(req.constraints, sample)
+        await _record_choice(call, sample.result, choice, stream=req.stream, extra=extra)
     return body, version
 
 
@@ -447,33 +417,21 @@ class _ChunkWriter:
         return data_frame(payload)
 
 
-def _sse(
-    request: Request, state: ProxyState, req: ChatRequest, prepared: PreparedPrompt, stream: OpenStream
-) -> AsyncIterator[bytes]:
-    choices = live_choices(state.backend.tokenizer(), prepared, req.n)
-    return guarded_frames(
-        _frames(request, state, req, prepared, stream, choices),
-        api="openai",
-        request=request,
-        state=state,
-        call=req,
-        request_id=req.request_id,
-        prepared=prepared,
-        stream=stream,
-        choices=choices,
-        error_frame=lambda err: data_frame(error_body(err, "openai")),
-    )
+def _error_frame(_req: ChatRequest, err: ProxyError) -> bytes:
+    return data_frame(error_body(err, "openai"))
+
+
+def _sse(call: ApiCall[ChatRequest], stream: OpenStream) -> AsyncIterator[bytes]:
+    choices = live_choices(call.state.backend.tokenizer(), call.prepared, call.req.n)
+    error_frame = partial(_error_frame, call.req)
+    return guarded_frames(_frames(call, stream, choices), call, stream=stream, choices=choices, error_frame=error_frame)
 
 
 async def _frames(
-    request: Request,
-    state: ProxyState,
-    req: ChatRequest,
-    prepared: PreparedPrompt,
-    stream: OpenStream,
-    choices: list[LiveChoice],
+    call: ApiCall[ChatRequest], stream: OpenStream, choices: list[LiveChoice]
 ) -> AsyncGenerator[bytes, None]:
-    tokenizer = state.backend.tokenizer()
+    req = call.req
+    tokenizer = call.state.backend.tokenizer()
     eos = set(tokenizer.eos_token_ids)
     writer = _ChunkWriter(req, stream.version)
     results: dict[int, SampleResult] = {}
@@ -497,40 +455,31 @@ async def _frames(
             results[index] = step.result
             received = choices[index].splitter.result()
             finish = finish_reason_for(step.result, received)
-            await _record_streamed(request, state, req, prepared, step.result, received, finish, index)
+            await _record_streamed(call, step.result, received, finish, index)
             yield writer.chunk(index, {}, finish)
     if req.include_usage:
-        counts = usage(len(prepared.prompt_tokens), sum(len(r.tokens) for r in results.values()))
+        counts = usage(len(call.prepared.prompt_tokens), sum(len(r.tokens) for r in results.values()))
         yield data_frame({**_usage_chunk_base(req, writer.version), "usage": counts})
     yield DONE_FRAME
 
 
 async def _record_streamed(
-    request: Request,
-    state: ProxyState,
-    req: ChatRequest,
-    prepared: PreparedPrompt,
-    result: SampleResult,
-    received: ParsedAssistant,
-    finish: str,
-    index: int,
+    call: ApiCall[ChatRequest], result: SampleResult, received: ParsedAssistant, finish: str, index: int
 ) -> None:
-    tokenizer = state.backend.tokenizer()
+    req = call.req
+    tokenizer = call.state.backend.tokenizer()
     if log.isEnabledFor(logging.DEBUG):
-        reparsed = split_completion(tokenizer, result.text, prepared.tools_offered)
+        reparsed = split_completion(tokenizer, result.text, call.prepared.tools_offered)
         if (reparsed.content, reparsed.reasoning) != (received.content, received.reasoning):
             log.debug("stream %s: streamed split differs from parse_assistant (documented edge case)", req.request_id)
     message = assistant_message(received)
     lp = {"content": logprob_entries(tokenizer, result, req.top_logprobs)} if req.logprobs else None
     choice = {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
-    await _record_choice(request, state, req, prepared, result, choice, stream=True)
+    await _record_choice(call, result, choice, stream=True)
 
 
 async def _record_choice(
-    request: Request,
-    state: ProxyState,
-    req: ChatRequest,
-    prepared: PreparedPrompt,
+    call: ApiCall[ChatRequest],
     result: SampleResult,
     choice: dict[str, Any],
     *,
@@ -538,22 +487,19 @@ async def _record_choice(
     extra: dict[str, Any] | None = None,
 ) -> None:
     """Record one choice as its own turn, with the single-choice completion body it would have been answered with."""
-    single = completion_body(req, result.version, [choice], usage(len(prepared.prompt_tokens), len(result.tokens)))
-    await record_reply(
-        state.recorder,
-        api="openai",
-        request=request,
-        call=req,
-        request_id=req.request_id,
-        prepared=prepared,
+    counts = usage(len(call.prepared.prompt_tokens), len(result.tokens))
+    single = completion_body(call.req, result.version, [choice], counts)
+    exchange = build_exchange(
+        call,
         result=result,
         finish_reason=choice["finish_reason"],
         message=choice["message"],
         response=single,
         stream=stream,
         choice_index=choice["index"],
-        extra=extra,
+        extra_metadata=extra,
     )
+    await call.state.recorder.record(exchange)
 
 
 def _usage_chunk_base(req: ChatRequest, version: int) -> dict[str, Any]:
@@ -584,6 +530,8 @@ def _delta(piece: Piece) -> dict[str, Any]:
         ]
     }
 
+
+_REPLY = ReplyFormat(_sse, _recorded_body, _replay_as_stream, _error_frame, response_headers)
 
 routes = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),

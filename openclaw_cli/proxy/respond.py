@@ -1,6 +1,6 @@
 """The two ways every API answers a generation request, shared by Chat Completions, Responses and Messages.
 
-- :func:`answer`: picks between the two for a parsed request (:func:`prepare_request` renders and budgets it).
+- :func:`answer`: picks between the two for a parsed request (:func:`start_call` renders and budgets it).
 - :func:`stream_response`: a live SSE stream of the backend's tokens (the stream is opened before the response
   starts, so a failure to start is still an HTTP error; it is closed when the client leaves, even before the body).
 - :func:`whole_reply_response`: the reply sampled whole (checked against the request's constraints), answered as
@@ -14,40 +14,43 @@ error frame and headers.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Generic
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from openclaw_cli.capture import ApiKind
+from openclaw_cli.proxy.api_call import ApiCall, R
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
-from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, prepare_prompt
-from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, sample_satisfying
+from openclaw_cli.proxy.completion import prepare_prompt
+from openclaw_cli.proxy.constraints import Sampled, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE
 from openclaw_cli.proxy.state import ProxyState
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
-from openclaw_cli.types import Message
 
-RecordBody = Callable[[list[Sampled]], Awaitable[tuple[dict[str, Any], int]]]  # -> (body, version), recorded first
 Headers = Callable[[int], dict[str, str]]  # the API's response headers for a policy version
 
 
-class GenerationRequest(Protocol):
-    """What every API's parsed request carries for rendering, budgeting and answering."""
+@dataclass(frozen=True)
+class ReplyFormat(Generic[R]):
+    """How one API writes its replies; the rest of answering is shared."""
 
-    messages: list[Message]
-    tools: list[dict[str, Any]] | None
-    tools_offered: bool
-    sampling: SamplingRequest
-    stream: bool
-    constraints: ReplyConstraints
+    live: Callable[[ApiCall[R], OpenStream], AsyncIterator[bytes]]  # a live stream's frames
+    record: Callable[[ApiCall[R], list[Sampled]], Awaitable[tuple[dict[str, Any], int]]]  # (body, version), recorded
+    as_stream: Callable[[R, dict[str, Any]], AsyncIterator[bytes]]  # a whole body replayed as the API's stream
+    error_frame: Callable[[R, ProxyError], bytes]  # a failure after the stream's status line
+    headers: Callable[[R, int], dict[str, str]]  # the response headers for a policy version
 
 
-async def prepare_request(state: ProxyState, req: GenerationRequest) -> PreparedPrompt:
-    """The request's prompt rendered and its reply budgeted under the proxy's limits (see ``prepare_prompt``)."""
-    return await prepare_prompt(
+async def start_call(request: Request, state: ProxyState, req: R, *, api: ApiKind, request_id: str) -> ApiCall[R]:
+    """The parsed request with its prompt rendered and its reply budgeted under the proxy's limits (see
+    ``prepare_prompt``: a request that cannot fit raises its :class:`ProxyError`)."""
+    prepared = await prepare_prompt(
         state.backend,
         req.messages,
         req.tools,
@@ -56,38 +59,17 @@ async def prepare_request(state: ProxyState, req: GenerationRequest) -> Prepared
         default_max_tokens=state.settings.proxy.default_max_tokens,
         max_output_tokens=state.settings.proxy.max_output_tokens,
     )
+    return ApiCall(api, request_id, request, state, req, prepared)
 
 
-async def answer(
-    request: Request,
-    state: ProxyState,
-    req: GenerationRequest,
-    prepared: PreparedPrompt,
-    *,
-    n: int,
-    live: Callable[[OpenStream], AsyncIterator[bytes]],
-    record: RecordBody,
-    as_stream: Callable[[dict[str, Any]], AsyncIterator[bytes]],
-    error_frame: Callable[[ProxyError], bytes],
-    headers: Headers,
-) -> Response:
-    """A live stream of the backend's tokens (``live`` writes its frames) when the client streams and nothing has to
-    be checked before it is sent; else the whole reply (JSON, or replayed as a stream)."""
+async def answer(call: ApiCall[R], reply: ReplyFormat[R], n: int = 1) -> Response:
+    """A live stream of the backend's tokens (``reply.live`` writes its frames) when the client streams and nothing
+    has to be checked before it is sent; else the whole reply (JSON, or replayed as a stream)."""
+    req = call.req
     if req.stream and not req.constraints.active:
-        opened = await open_stream(state, prepared, n)
-        return stream_response(opened, live(opened), headers)
-    return await whole_reply_response(
-        request,
-        state,
-        prepared,
-        n=n,
-        constraints=req.constraints,
-        stream=req.stream,
-        record=record,
-        as_stream=as_stream,
-        error_frame=error_frame,
-        headers=headers,
-    )
+        opened = await open_stream(call.state, call.prepared, n)
+        return stream_response(opened, reply.live(call, opened), partial(reply.headers, req))
+    return await whole_reply_response(call, reply, n)
 
 
 def stream_response(stream: OpenStream, frames: AsyncIterator[bytes], headers: Headers) -> StreamingResponse:
@@ -100,36 +82,26 @@ def stream_response(stream: OpenStream, frames: AsyncIterator[bytes], headers: H
     )
 
 
-async def whole_reply_response(
-    request: Request,
-    state: ProxyState,
-    prepared: PreparedPrompt,
-    *,
-    n: int,
-    constraints: ReplyConstraints,
-    stream: bool,
-    record: RecordBody,
-    as_stream: Callable[[dict[str, Any]], AsyncIterator[bytes]],
-    error_frame: Callable[[ProxyError], bytes],
-    headers: Headers,
-) -> Response:
-    """Sample ``n`` replies that meet ``constraints`` and answer them as JSON, or (``stream``) as a replayed stream."""
+async def whole_reply_response(call: ApiCall[R], reply: ReplyFormat[R], n: int) -> Response:
+    """Sample ``n`` replies that meet the request's constraints and answer them as JSON, or (a streaming request) as
+    a replayed stream."""
+    request, state, req = call.request, call.state, call.req
     limits = state.settings.proxy
     lease = state.lease()
     sampling = sample_satisfying(
         state.backend,
-        prepared,
+        call.prepared,
         n,
-        constraints,
+        req.constraints,
         retries=limits.tool_choice_retries,
         retry_after_s=limits.retry_after_s,
         health=state.health,
     )
-    if stream:
+    if req.stream:
 
         async def replay(sampled: list[Sampled]) -> tuple[AsyncIterator[bytes], dict[str, str]]:
-            body, version = await record(sampled)
-            return as_stream(body), headers(version)
+            body, version = await reply.record(call, sampled)
+            return reply.as_stream(req, body), reply.headers(req, version)
 
         return await buffered_stream_response(
             request,
@@ -140,8 +112,8 @@ async def whole_reply_response(
             # and every SSE parser skips comments.
             keepalive_frame=KEEPALIVE_COMMENT,
             replay=replay,
-            error_frame=error_frame,
-            early_headers=headers(state.backend.current_version().version),
+            error_frame=partial(reply.error_frame, req),
+            early_headers=reply.headers(req, state.backend.current_version().version),
             retry_after_s=limits.retry_after_s,
         )
     try:
@@ -150,5 +122,5 @@ async def whole_reply_response(
         return Response(status_code=499)
     finally:
         lease.release()
-    body, version = await record(sampled)
-    return JSONResponse(body, headers=headers(version))
+    body, version = await reply.record(call, sampled)
+    return JSONResponse(body, headers=reply.headers(req, version))

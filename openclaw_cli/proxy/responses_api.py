@@ -28,21 +28,20 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from openclaw_cli.proxy.capture_handoff import record_reply
-from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest, assistant_message
-from openclaw_cli.proxy.constraints import ReplyConstraints, Sampled, capture_metadata
+from openclaw_cli.proxy.api_call import ApiCall, ParsedRequest
+from openclaw_cli.proxy.capture_handoff import build_exchange
+from openclaw_cli.proxy.completion import SamplingRequest, assistant_message
+from openclaw_cli.proxy.constraints import Sampled, capture_metadata
 from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.live_stream import LiveChoice, guarded_frames, live_choices, split_stream
-from openclaw_cli.proxy.models import ResolvedModel
 from openclaw_cli.proxy.openai_api import parse_constraints, parse_tools
-from openclaw_cli.proxy.respond import answer, prepare_request
+from openclaw_cli.proxy.respond import ReplyFormat, answer, start_call
 from openclaw_cli.proxy.response_store import KEEP_RESPONSES
 from openclaw_cli.proxy.responses_convert import (
     CUSTOM_INPUT_KEY,
@@ -55,26 +54,17 @@ from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.stream_open import OpenStream
 from openclaw_cli.proxy.streaming import ContentPiece, Piece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.proxy.validation import check_counts, get_field, get_number, read_json_body
-from openclaw_cli.types import Message, ParsedAssistant, SampleResult, ToolCall
+from openclaw_cli.types import ParsedAssistant, SampleResult, ToolCall
 
 log = logging.getLogger("openclaw.proxy.responses")
 
 
-@dataclass
-class ResponsesRequest:
-    body: dict[str, Any]
-    model: ResolvedModel
-    messages: list[Message]
-    tools: list[dict[str, Any]] | None
-    tools_offered: bool
+@dataclass(kw_only=True)
+class ResponsesRequest(ParsedRequest):
     custom_tools: frozenset[str]
-    sampling: SamplingRequest
-    stream: bool = False
     store: bool = True
-    constraints: ReplyConstraints = field(default_factory=ReplyConstraints)
     response_id: str = field(default_factory=lambda: "resp_" + uuid.uuid4().hex)
     created_at: int = field(default_factory=lambda: int(time.time()))
-    started_at: float = field(default_factory=time.time)
 
 
 # -- request parsing -----------------------------------------------------------------------------------------------
@@ -279,7 +269,7 @@ async def create_response(request: Request) -> Response:
     body = await read_json_body(request, state.settings.proxy.max_body_bytes)
     req = parse_responses_request(body, state)
     try:
-        prepared = await prepare_request(state, req)
+        call = await start_call(request, state, req, api="responses", request_id=req.response_id)
     except ProxyError as err:
         if not (req.stream and err.code == "context_length_exceeded"):
             raise
@@ -289,43 +279,20 @@ async def create_response(request: Request) -> Response:
             media_type=SSE_MEDIA_TYPE,
             headers={**SSE_HEADERS, "x-request-id": req.response_id},
         )
-    return await answer(
-        request,
-        state,
-        req,
-        prepared,
-        n=1,
-        live=lambda stream: _sse(request, state, req, prepared, stream),
-        record=lambda sampled: _recorded_body(request, state, req, prepared, sampled[0]),
-        as_stream=partial(_replay_as_stream, req),
-        error_frame=lambda err: _Events(req).frame("response.failed", response=failed_body(req, err)),
-        headers=partial(response_headers, req),
-    )
+    return await answer(call, _REPLY)
 
 
-async def _recorded_body(
-    request: Request, state: ProxyState, req: ResponsesRequest, prepared: PreparedPrompt, sample: Sampled
-) -> tuple[dict[str, Any], int]:
+async def _recorded_body(call: ApiCall[ResponsesRequest], sampled: list[Sampled]) -> tuple[dict[str, Any], int]:
+    sample, req = sampled[0], call.req
     parsed = req.constraints.visible(sample.parsed)
-    body_out = await _finish(
-        request,
-        state,
-        req,
-        prepared,
-        sample.result,
-        parsed,
-        output_items(req, parsed),
-        stream=req.stream,
-        extra=capture_metadata(req.constraints, sample),
-    )
+    output = output_items(req, parsed)
+    extra = capture_metadata(req.constraints, sample)
+    body_out = await _finish(call, sample.result, parsed, output, stream=req.stream, extra=extra)
     return body_out, sample.result.version
 
 
 async def _finish(
-    request: Request,
-    state: ProxyState,
-    req: ResponsesRequest,
-    prepared: PreparedPrompt,
+    call: ApiCall[ResponsesRequest],
     result: SampleResult,
     received: ParsedAssistant,
     output: list[dict[str, Any]],
@@ -335,6 +302,7 @@ async def _finish(
 ) -> dict[str, Any]:
     """Record the reply as the client receives it and keep its conversation for previous_response_id (store not
     false); returns the response body."""
+    req, prepared = call.req, call.prepared
     status, incomplete = finish_of(result, received)
     body = response_body(
         req,
@@ -344,22 +312,18 @@ async def _finish(
         incomplete=incomplete,
     )
     message = assistant_message(received)
-    await record_reply(
-        state.recorder,
-        api="responses",
-        request=request,
-        call=req,
-        request_id=req.response_id,
-        prepared=prepared,
+    exchange = build_exchange(
+        call,
         result=result,
         finish_reason="tool_calls" if received.tool_calls else ("length" if incomplete else "stop"),
         message=message,
         response=body,
         stream=stream,
-        extra=extra,
+        extra_metadata=extra,
     )
+    await call.state.recorder.record(exchange)
     if req.store:
-        state.responses.put(req.response_id, [*prepared.messages, message])
+        call.state.responses.put(req.response_id, [*prepared.messages, message])
     return body
 
 
@@ -484,34 +448,26 @@ async def _failed_stream(req: ResponsesRequest, err: ProxyError) -> AsyncIterato
     yield events.frame("response.failed", response=failed_body(req, err))
 
 
-def _sse(
-    request: Request, state: ProxyState, req: ResponsesRequest, prepared: PreparedPrompt, stream: OpenStream
-) -> AsyncIterator[bytes]:
-    choices = live_choices(state.backend.tokenizer(), prepared, 1)
+def _error_frame(req: ResponsesRequest, err: ProxyError) -> bytes:
+    return _Events(req).frame("response.failed", response=failed_body(req, err))
+
+
+def _sse(call: ApiCall[ResponsesRequest], stream: OpenStream) -> AsyncIterator[bytes]:
+    req = call.req
+    choices = live_choices(call.state.backend.tokenizer(), call.prepared, 1)
     events = _Events(req)  # one sequence_number count for the frames and a failure's frame
-    return guarded_frames(
-        _frames(request, state, req, prepared, stream, choices, events),
-        api="responses",
-        request=request,
-        state=state,
-        call=req,
-        request_id=req.response_id,
-        prepared=prepared,
-        stream=stream,
-        choices=choices,
-        error_frame=lambda err: events.frame("response.failed", response=failed_body(req, err)),
-    )
+
+    def error_frame(err: ProxyError) -> bytes:
+        return events.frame("response.failed", response=failed_body(req, err))
+
+    frames = _frames(call, stream, choices, events)
+    return guarded_frames(frames, call, stream=stream, choices=choices, error_frame=error_frame)
 
 
 async def _frames(
-    request: Request,
-    state: ProxyState,
-    req: ResponsesRequest,
-    prepared: PreparedPrompt,
-    stream: OpenStream,
-    choices: list[LiveChoice],
-    events: _Events,
+    call: ApiCall[ResponsesRequest], stream: OpenStream, choices: list[LiveChoice], events: _Events
 ) -> AsyncGenerator[bytes, None]:
+    req = call.req
     splitter = choices[0].splitter
     started = response_body(req, status="in_progress", output=[], usage_counts=None)
     yield events.frame("response.created", response=started)
@@ -526,10 +482,10 @@ async def _frames(
         if step.result is not None:
             for frame in events.close():
                 yield frame
-            body = await _finish(
-                request, state, req, prepared, step.result, splitter.result(), list(events.items), stream=True
-            )
+            body = await _finish(call, step.result, splitter.result(), list(events.items), stream=True)
             yield events.frame("response.completed", response=body)
 
+
+_REPLY = ReplyFormat(_sse, _recorded_body, _replay_as_stream, _error_frame, response_headers)
 
 routes = [Route("/v1/responses", create_response, methods=["POST"])]
