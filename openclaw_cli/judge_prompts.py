@@ -20,6 +20,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from string import Template
 from typing import Any
 
@@ -155,24 +156,10 @@ def _turn_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def prm_messages(
-    history: Sequence[dict[str, Any]],
-    reply: dict[str, Any],
-    next_state: Sequence[dict[str, Any]],
-    next_state_role: str | None,
-) -> list[dict[str, str]]:
-    """Chat messages asking for one PRM vote on ``reply`` given what followed it."""
-    return _turn_messages(PRM_SYSTEM, PRM_QUESTION, history, reply, next_state, next_state_role)
-
-
-def hint_messages(
-    history: Sequence[dict[str, Any]],
-    reply: dict[str, Any],
-    next_state: Sequence[dict[str, Any]],
-    next_state_role: str | None,
-) -> list[dict[str, str]]:
-    """Chat messages asking whether the next state holds a hint for OPD."""
-    return _turn_messages(HINT_SYSTEM, HINT_QUESTION, history, reply, next_state, next_state_role)
+# Chat messages asking for one PRM vote on a reply given what followed it, and asking whether what followed holds a
+# hint for OPD: (history, reply, next_state, next_state_role) -> messages.
+prm_messages = partial(_turn_messages, PRM_SYSTEM, PRM_QUESTION)
+hint_messages = partial(_turn_messages, HINT_SYSTEM, HINT_QUESTION)
 
 
 # --- parsing replies -----------------------------------------------------------------------------------------------

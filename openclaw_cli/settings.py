@@ -637,7 +637,7 @@ def settings_sources(
 def effective_items(settings: Settings, sources: dict[str, str]) -> list[tuple[str, str, str]]:
     """(key, shown value, source) for every leaf setting, secrets masked."""
     rows = []
-    for key, value in _flatten(_dump_leaves(settings)).items():
+    for key, value in _flatten(_leaves(settings, _as_text)).items():
         source = sources.get(key) or next((s for k, s in sources.items() if k.startswith(key + ".")), "default")
         rows.append((key, value, source))
     return rows
@@ -645,26 +645,33 @@ def effective_items(settings: Settings, sources: dict[str, str]) -> list[tuple[s
 
 def effective_values(settings: Settings) -> dict[str, Any]:
     """Every leaf setting by dotted key as a JSON-ready value (unset -> None); secrets masked, never revealed."""
-    return _flatten(_json_leaves(settings))
+    return _flatten(_leaves(settings, _as_json))
 
 
-def _json_leaves(model: BaseModel) -> dict[str, Any]:
+def _leaves(model: BaseModel, shown: Callable[[Any], Any]) -> dict[str, Any]:
+    """The settings tree with every secret masked and every other leaf (a free-form section's too) as ``shown``."""
     out: dict[str, Any] = {}
     for name in type(model).model_fields:
         value = getattr(model, name)
         if isinstance(value, BaseModel):
-            out[name] = _json_leaves(value)
+            out[name] = _leaves(value, shown)
         elif isinstance(value, SecretStr):
             out[name] = mask_secret(value)
-        elif isinstance(value, Path):
-            out[name] = str(value)
-        elif isinstance(value, list):
-            out[name] = list(value)
         elif isinstance(value, dict):
-            out[name] = _masked_mapping(value)
+            out[name] = _masked_mapping(value, shown)
         else:
-            out[name] = value
+            out[name] = shown(value)
     return out
+
+
+def _as_json(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else list(value) if isinstance(value, list) else value
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    return ", ".join(map(str, value)) or "(empty)" if isinstance(value, list) else str(value)
 
 
 def _masked_mapping(value: dict[str, Any], leaf: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
@@ -678,24 +685,6 @@ def _masked_mapping(value: dict[str, Any], leaf: Callable[[Any], Any] = lambda i
         else (SECRET_SET if is_secret_name(str(key)) and item not in (None, "") else leaf(item))
         for key, item in value.items()
     }
-
-
-def _dump_leaves(model: BaseModel) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
-            out[name] = _dump_leaves(value)
-        elif isinstance(value, dict):
-            # Flattened to the same keys as effective_values (an empty section has none); every leaf a string.
-            out[name] = _masked_mapping(value, leaf=str)
-        elif isinstance(value, SecretStr):
-            out[name] = mask_secret(value)
-        elif value is None:
-            out[name] = "(unset)"
-        else:
-            out[name] = str(value) if not isinstance(value, list) else ", ".join(map(str, value)) or "(empty)"
-    return out
 
 
 def mask_secret(value: SecretStr | None) -> str:
