@@ -84,6 +84,8 @@ if TYPE_CHECKING:
     from openclaw_cli.store import Store, TurnRecord
 
 log = logging.getLogger(__name__)
+# What a judge reads of a turn: (history, the reply, its next state, the next state's role).
+TurnToJudge = tuple[list[dict], dict, list[dict], str | None]
 T = TypeVar("T")
 
 JUDGE_CONSUMER = "judge"
@@ -517,16 +519,16 @@ class JudgeLoop:
         """The verdict for one turn (no store access). Raises JudgeUnavailable when the judge keeps failing."""
         if not turn.next_state:
             return Verdict(score=0, reason="no_next_state", mode=self.mode)
-        args = (turn.messages, turn.assistant_message, turn.next_state, turn.next_state_role)
+        args: TurnToJudge = (turn.messages, turn.assistant_message, turn.next_state, turn.next_state_role)
         if self.redactor.enabled:
             # store.redact: redact the turn before the prompts clip it, so no secret is cut in half at a clip
             # boundary (and half missed); a long history takes a while, so off the event loop.
             args = await asyncio.to_thread(self.redactor.redact_value, args)
         if self.mode == "vote":
-            verdict = await self._vote(*args)
+            verdict = await self._vote(args)
         else:
             try:
-                verdict = await self._read_verdict(*args)
+                verdict = await self._read_verdict(args)
             except JudgeNoLogprobs as exc:
                 if not self._mode_chosen:
                     raise JudgeRejected(str(exc)) from exc
@@ -534,7 +536,7 @@ class JudgeLoop:
                 # (llama.cpp builds, some gateways): sampled votes work everywhere.
                 log.warning("%s; judging with sampled votes from now on", exc)
                 self.mode = "vote"
-                verdict = await self._vote(*args)
+                verdict = await self._vote(args)
         hint_source = self.settings.judge.hint_source
         if verdict.hint is not None:
             verdict.hint_source = "judge"
@@ -554,14 +556,9 @@ class JudgeLoop:
                     verdict.hint, verdict.hints, verdict.hint_source = hint, [hint], "next_state"
         return verdict
 
-    async def _read_verdict(
-        self,
-        history: list[dict],
-        reply: dict,
-        next_state: list[dict],
-        next_state_role: str | None,
-    ) -> Verdict:
+    async def _read_verdict(self, args: TurnToJudge) -> Verdict:
         """channel / logprob mode: the verdict from the judge's probabilities (see openclaw_cli.judge_verdict)."""
+        _, reply, next_state, next_state_role = args
         margin = self.settings.judge.margin
         reply_text = assistant_text(reply)
         # The next state's own words, as the readouts were measured (no "[user]" labels: the prefix names the role).
@@ -580,7 +577,7 @@ class JudgeLoop:
                 score=reward_from_log_odds(log_odds, margin), mode="channel", log_odds=log_odds, reason="judged"
             )
         words = list(VERDICT_WORDS)
-        user = f"{prm_messages(history, reply, next_state, next_state_role)[1]['content']}"
+        user = f"{prm_messages(*args)[1]['content']}"
         # The PRM prompt's context sections, with the one-word question in place of the boxed-vote one.
         user = user.rsplit("\n\n", 1)[0] + "\n\n" + VERDICT_QUESTION
         messages = [{"role": "system", "content": VERDICT_SYSTEM}, {"role": "user", "content": user}]
@@ -588,15 +585,8 @@ class JudgeLoop:
         log_odds, probs = verdict_log_odds(logprobs)
         return Verdict(score=reward_from_log_odds(log_odds, margin), mode="logprob", log_odds=log_odds, probs=probs)
 
-    async def _vote(
-        self,
-        history: list[dict],
-        reply: dict,
-        next_state: list[dict],
-        next_state_role: str | None,
-    ) -> Verdict:
+    async def _vote(self, args: TurnToJudge) -> Verdict:
         """vote mode: m sampled PRM votes (majority) and, for OPD, m sampled hint answers."""
-        args = (history, reply, next_state, next_state_role)
         m = self.settings.judge.votes
         temperature = self.settings.judge.temperature
         prm_prompt = prm_messages(*args)
