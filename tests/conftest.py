@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # imported where used: the vLLM venv has no tinker SDK
+    from openclaw_cli.testing.tinker_double import TinkerDouble
 
 # Belt and braces: no test may reach a model hub, even if a developer runs pytest outside `make test`.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,3 +65,13 @@ def make_proxy(tiny_tokenizer):
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_tinker_double(tiny_model_dir: Path) -> Iterator[TinkerDouble]:
+    """A Tinker service double on the tiny model, one per test module (a module resets what it needs between tests)."""
+    from openclaw_cli.testing.tinker_double import TinkerDouble
+
+    built = TinkerDouble(tiny_model_dir, lora_alpha=8)
+    yield built
+    built.close()

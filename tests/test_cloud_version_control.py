@@ -48,10 +48,8 @@ FW_BASE_MODEL = "accounts/fireworks/models/tiny-test"
 
 
 @pytest.fixture(scope="module")
-def tinker(tiny_model_dir: Path) -> Iterator[TinkerDouble]:
-    built = TinkerDouble(tiny_model_dir, lora_alpha=8)
-    yield built
-    built.close()
+def tinker(tiny_tinker_double: TinkerDouble) -> TinkerDouble:
+    return tiny_tinker_double
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_scenario import (
-    STEPS,
-    ScriptedJudge,
-    assert_learned,
-    e2e_settings,
-    run_scenario,
-)
+from e2e_scenario import STEPS, ScriptedJudge, assert_learned, e2e_settings, run_scenario
 from runtime_helpers import free_port
 
 pytestmark = pytest.mark.timeout(180)

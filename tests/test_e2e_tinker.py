@@ -11,14 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_scenario import (
-    LORA_ALPHA,
-    STEPS,
-    ScriptedJudge,
-    assert_learned,
-    e2e_settings,
-    run_scenario,
-)
+from e2e_scenario import LORA_ALPHA, STEPS, ScriptedJudge, assert_learned, e2e_settings, run_scenario
 from runtime_helpers import free_port
 
 from openclaw_cli.backends.tinker import TinkerBackend

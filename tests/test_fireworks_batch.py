@@ -5,9 +5,11 @@ plus the trainer-loop integration, restarts, failures, caps, hot reload and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,19 @@ async def started(settings: Settings) -> FireworksBackend:
     backend = FireworksBackend(settings)
     await backend.start()
     return backend
+
+
+@contextlib.asynccontextmanager
+async def deployed(
+    double: FireworksDouble, model_dir: Path, tmp_path: Path, name: str, **overrides: Any
+) -> AsyncIterator[FireworksBackend]:
+    """A started backend on a new deployment ``name`` of the double, closed after."""
+    double.add_deployment(name)
+    backend = await started(double_settings(double, model_dir, tmp_path, deployment=name, **overrides))
+    try:
+        yield backend
+    finally:
+        await backend.close()
 
 
 def batch_impl(backend: FireworksBackend) -> FireworksBatchBackend:
@@ -235,9 +250,7 @@ async def test_trainer_loop_trains_in_batches_and_a_restart_resumes_the_chain(
 async def test_failed_job_keeps_the_samples_queued_and_a_retry_does_not_duplicate_them(
     double: FireworksDouble, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    double.add_deployment("retry")
-    backend = await started(double_settings(double, tiny_model_dir, tmp_path, deployment="retry"))
-    try:
+    async with deployed(double, tiny_model_dir, tmp_path, "retry") as backend:
         datums = await judged_datums(backend, ["one", "two", "three"])
         await backend.forward_backward(datums, "ppo")
         double.fail_next_job = True
@@ -251,24 +264,18 @@ async def test_failed_job_keeps_the_samples_queued_and_a_retry_does_not_duplicat
         step = await backend.optim_step(AdamParams())
         assert step.metrics["job_samples"] == 3.0 and (await backend.publish()).version == 1
         assert queued_file.read_text() == ""
-    finally:
-        await backend.close()
 
 
 async def test_daily_cap_refuses_the_job_and_keeps_the_samples(
     double: FireworksDouble, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    double.add_deployment("capped")
-    backend = await started(double_settings(double, tiny_model_dir, tmp_path, deployment="capped", max_steps_per_day=0))
-    try:
+    async with deployed(double, tiny_model_dir, tmp_path, "capped", max_steps_per_day=0) as backend:
         await backend.forward_backward(await judged_datums(backend, ["a", "b", "c"]), "ppo")
         jobs_before = len(double.jobs)
         with pytest.raises(BackendError, match="cost cap: 0 Fireworks training job") as caught:
             await backend.optim_step(AdamParams())
         assert caught.value.retryable and len(double.jobs) == jobs_before
         assert batch_impl(backend).pending_samples == 3
-    finally:
-        await backend.close()
     # Queued samples survive a restart (they are on disk).
     restarted = await started(
         double_settings(double, tiny_model_dir, tmp_path, deployment="capped", max_steps_per_day=0)
@@ -370,17 +377,13 @@ def test_default_deployment_id_is_a_valid_fireworks_id() -> None:
 async def test_unknown_prompts_and_cross_entropy_datums(
     double: FireworksDouble, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    double.add_deployment("units")
-    backend = await started(double_settings(double, tiny_model_dir, tmp_path, deployment="units"))
-    try:
+    async with deployed(double, tiny_model_dir, tmp_path, "units") as backend:
         stranger = datum_from_completion([1, 2, 3], [4, 5], advantages=1.0)  # never rendered by this process
         result = await backend.forward_backward([stranger], "ppo")
         assert result.metrics["skipped_unknown_prompt"] == 1 and result.metrics["queued"] == 0
         demo = (await judged_datums(backend, ["demo"], reward=-1.0))[0]
         ce = await backend.forward_backward([demo], "cross_entropy")  # demonstrations: trained whatever the sign
         assert ce.metrics["queued"] == 1
-    finally:
-        await backend.close()
 
 
 # -- the mode switch ------------------------------------------------------------------------------------------------

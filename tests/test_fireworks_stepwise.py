@@ -21,7 +21,7 @@ from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.fireworks.stepwise import FireworksStepwiseBackend, training_base_url
 from openclaw_cli.settings import FireworksSettings, LocalSettings, LoraSettings, Settings
 from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
-from openclaw_cli.types import AdamParams, SamplingParams, TokenChunk, datum_from_completion
+from openclaw_cli.types import AdamParams, Datum, SamplingParams, TokenChunk, datum_from_completion
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,6 +58,13 @@ async def backend(
 
 def prompt_for(backend: FireworksStepwiseBackend, text: str = "Say hello politely.") -> list[int]:
     return backend.tokenizer().render([{"role": "user", "content": text}])
+
+
+async def sampled_datum(backend: FireworksStepwiseBackend) -> Datum:
+    """A two-token reply of the policy as a datum with advantage 1."""
+    prompt = prompt_for(backend)
+    result = await backend.sample(prompt, SamplingParams(max_tokens=2, seed=1))
+    return datum_from_completion(prompt, result.tokens, logprobs=result.logprobs, advantages=1.0)
 
 
 def f32(values: list[float]) -> list[float]:
@@ -250,9 +257,7 @@ async def test_an_account_without_the_preview_is_pointed_at_batch_mode(
 async def test_a_refused_training_run_is_pointed_at_batch_mode(
     backend: FireworksStepwiseBackend, double: FireworksTrainingDouble, refusal: str
 ) -> None:
-    prompt = prompt_for(backend)
-    result = await backend.sample(prompt, SamplingParams(max_tokens=2, seed=1))
-    datum = datum_from_completion(prompt, result.tokens, logprobs=result.logprobs, advantages=1.0)
+    datum = await sampled_datum(backend)
     # The run opens on first training use.
     if refusal == "http-404":
         double.fail("/api/v1/create_model", 404, "not found")
@@ -267,9 +272,7 @@ async def test_a_refused_training_run_is_pointed_at_batch_mode(
 async def test_a_rejected_request_is_a_permanent_400(
     backend: FireworksStepwiseBackend, double: FireworksTrainingDouble
 ) -> None:
-    prompt = prompt_for(backend)
-    result = await backend.sample(prompt, SamplingParams(max_tokens=2, seed=1))
-    datum = datum_from_completion(prompt, result.tokens, logprobs=result.logprobs, advantages=1.0)
+    datum = await sampled_datum(backend)
     await backend.forward_backward([datum], "ppo", PPO_CONFIG)  # the run exists
 
     # The service accepts the request but its future fails as the caller's fault (its message quoting the key,
@@ -294,9 +297,7 @@ async def test_a_rejected_request_is_a_permanent_400(
 async def test_a_server_side_failure_is_retryable(
     backend: FireworksStepwiseBackend, double: FireworksTrainingDouble
 ) -> None:
-    prompt = prompt_for(backend)
-    result = await backend.sample(prompt, SamplingParams(max_tokens=2, seed=1))
-    datum = datum_from_completion(prompt, result.tokens, logprobs=result.logprobs, advantages=1.0)
+    datum = await sampled_datum(backend)
     double.fail_next_job("/api/v1/forward_backward", "trainer preempted", category="server")
     with pytest.raises(BackendError) as caught:
         await backend.forward_backward([datum], "ppo", PPO_CONFIG)
@@ -305,7 +306,7 @@ async def test_a_server_side_failure_is_retryable(
     # A 503 while polling a future is the SDK's to retry: the call still succeeds.
     double.fail("/api/v1/retrieve_future", 503, "overloaded", times=2)
     out = await backend.forward_backward([datum], "ppo", PPO_CONFIG)
-    assert out.loss == pytest.approx(-len(result.tokens), abs=1e-3)
+    assert out.loss == pytest.approx(-sum(datum.loss_fn_inputs["advantages"]), abs=1e-3)  # -1 per reply token
 
 
 async def test_service_unavailable_at_start_is_retryable(

@@ -37,10 +37,8 @@ PPO = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28}
 
 
 @pytest.fixture(scope="module")
-def double(tiny_model_dir: Path) -> Iterator[TinkerDouble]:
-    built = TinkerDouble(tiny_model_dir, lora_alpha=8)
-    yield built
-    built.close()
+def double(tiny_tinker_double: TinkerDouble) -> TinkerDouble:
+    return tiny_tinker_double
 
 
 @pytest.fixture(autouse=True)

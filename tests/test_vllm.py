@@ -5,10 +5,12 @@ turns "vLLM cannot run here" from a skip into a failure, so that stage never pas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,24 @@ def _teacher_forced(model_dir: Path, prompt: list[int], tokens: list[int], weigh
     return logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
 
 
+@contextlib.asynccontextmanager
+async def started_sampler(
+    model_dir: Path, tmp_path: Path, keep_versions: int
+) -> AsyncIterator[tuple[VLLMSampler, list[int]]]:
+    """A started vLLM sampler on ``model_dir`` (LoRA rank 4, float32) and a rendered one-message prompt."""
+    from openclaw_cli.tokenizer import HFChatTokenizer
+
+    tokenizer = HFChatTokenizer.from_pretrained(model_dir, context_length=4096)
+    local = {"dtype": "float32", "keep_versions": keep_versions}
+    settings = Settings(model=str(model_dir), lora={"rank": 4}, local=local)
+    sampler = VLLMSampler(model_dir, tokenizer, settings, adapter_dir=tmp_path / "adapters", gpu_memory_utilization=0.2)
+    await sampler.start()
+    try:
+        yield sampler, tokenizer.render([{"role": "user", "content": "Hello!"}])
+    finally:
+        await sampler.close()
+
+
 @pytest.mark.vllm
 @needs_vllm
 async def test_vllm_raw_logprobs_hot_loads_retires_rolls_back_and_keeps_mixed_batches_exact(
@@ -158,16 +178,7 @@ async def test_vllm_raw_logprobs_hot_loads_retires_rolls_back_and_keeps_mixed_ba
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from openclaw_cli.tokenizer import HFChatTokenizer
-
-    tokenizer = HFChatTokenizer.from_pretrained(vllm_model_dir, context_length=4096)
-    settings = Settings(model=str(vllm_model_dir), lora={"rank": 4}, local={"dtype": "float32", "keep_versions": 2})
-    sampler = VLLMSampler(
-        vllm_model_dir, tokenizer, settings, adapter_dir=tmp_path / "adapters", gpu_memory_utilization=0.2
-    )
-    await sampler.start()
-    try:
-        prompt = tokenizer.render([{"role": "user", "content": "Hello!"}])
+    async with started_sampler(vllm_model_dir, tmp_path, keep_versions=2) as (sampler, prompt):
         greedy = SamplingParams(max_tokens=8, temperature=0.0)
 
         # Sampling reports the raw policy's logprobs: those of a teacher-forced pass.
@@ -217,8 +228,6 @@ async def test_vllm_raw_logprobs_hot_loads_retires_rolls_back_and_keeps_mixed_ba
         assert rolled.logprobs == pytest.approx(_teacher_forced(vllm_model_dir, prompt, rolled.tokens, other), abs=2e-3)
         again = await sampler.sample(prompt, greedy, version=0)  # the base stays servable, unchanged
         assert again.tokens == result.tokens
-    finally:
-        await sampler.close()
 
 
 @pytest.mark.vllm
@@ -262,16 +271,7 @@ async def test_base_requests_stay_exact_beside_lora_requests_with_every_lora_slo
     base requests batched with LoRA requests then must still get the base model's logprobs."""
     from transformers import AutoModelForCausalLM
 
-    from openclaw_cli.tokenizer import HFChatTokenizer
-
-    tokenizer = HFChatTokenizer.from_pretrained(vllm_model_dir, context_length=4096)
-    settings = Settings(model=str(vllm_model_dir), lora={"rank": 4}, local={"dtype": "float32", "keep_versions": 1})
-    sampler = VLLMSampler(
-        vllm_model_dir, tokenizer, settings, adapter_dir=tmp_path / "adapters", gpu_memory_utilization=0.2
-    )
-    await sampler.start()
-    try:
-        prompt = tokenizer.render([{"role": "user", "content": "Hello!"}])
+    async with started_sampler(vllm_model_dir, tmp_path, keep_versions=1) as (sampler, prompt):
         base_model = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
         weights = [_random_lora(base_model, rank=4, scaling=2.0, seed=s) for s in (11, 12, 13)]
         await sampler.publish(weights[0])
@@ -287,5 +287,3 @@ async def test_base_requests_stay_exact_beside_lora_requests_with_every_lora_slo
         for got in mixed:
             expected = _teacher_forced(vllm_model_dir, prompt, got.tokens, weights[2] if got.version else None)
             assert got.logprobs == pytest.approx(expected, abs=2e-3), got.version
-    finally:
-        await sampler.close()
