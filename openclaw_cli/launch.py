@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -64,30 +65,24 @@ class _Server(uvicorn.Server):
         yield
 
 
+@dataclass
 class Runtime:
     """The running process: its parts, for the dashboard and for tests that embed it."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        backend: Backend,
-        store: Store,
-        sink: SessionCapture,
-        judge: JudgeLoop,
-        trainer: TrainerLoop,
-        server: _Server,
-    ) -> None:
-        self.settings = settings
-        self.backend = backend
-        self.store = store
-        self.sink = sink
-        self.judge = judge
-        self.trainer = trainer
-        self.server = server
-        self.app: Starlette = cast("Starlette", server.config.app)  # the proxy app create_app built
-        self.started_at = time.time()
-        self.errors: list[str] = []
-        self.gate: PromotionGate | None = None
+    settings: Settings
+    backend: Backend
+    store: Store
+    sink: SessionCapture
+    judge: JudgeLoop
+    trainer: TrainerLoop
+    server: _Server
+    app: Starlette = field(init=False)  # the proxy app create_app built
+    started_at: float = field(default_factory=time.time)
+    errors: list[str] = field(default_factory=list)
+    gate: PromotionGate | None = None
+
+    def __post_init__(self) -> None:
+        self.app = cast("Starlette", self.server.config.app)
 
     def loop_status(self) -> dict[str, Any]:
         """The loops' backlog and counters for ``/v1/openclaw/status`` (reads the store: call it from a worker

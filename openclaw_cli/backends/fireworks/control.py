@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -241,27 +241,18 @@ def make_client(api_key: str, account_id: str, base_url: str | None, *, timeout_
     return Fireworks(api_key=api_key, account_id=account_id, base_url=base_url, max_retries=0, timeout=timeout_s)
 
 
+@dataclass
 class FireworksControl:
     """Blocking control-plane operations for one account (see the module docstring)."""
 
-    def __init__(
-        self,
-        client: Fireworks,
-        account_id: str,
-        ledger: UsageLedger,
-        *,
-        poll_interval_s: float,
-        max_deployments: int,
-        max_steps_per_day: int,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.client = client
-        self.account_id = account_id
-        self.ledger = ledger
-        self.poll_interval_s = poll_interval_s
-        self.max_deployments = max_deployments
-        self.max_steps_per_day = max_steps_per_day
-        self._sleep = sleep
+    client: Fireworks
+    account_id: str
+    ledger: UsageLedger
+    _: KW_ONLY
+    poll_interval_s: float
+    max_deployments: int
+    max_steps_per_day: int
+    sleep: Callable[[float], None] = time.sleep
 
     def name(self, collection: str, resource: str) -> str:
         """Full resource name, e.g. ``name("models", "x")`` -> ``accounts/<a>/models/x``."""
@@ -530,7 +521,7 @@ class FireworksControl:
                     raise BackendError(f"Fireworks {what} ended in {last}" + (f": {reason}" if reason else ""))
             if time.monotonic() >= deadline:
                 raise BackendError(f"Fireworks {what} is still {last} after {timeout_s:.0f} s", retryable=True)
-            self._sleep(self.poll_interval_s)
+            self.sleep(self.poll_interval_s)
 
 
 def check_deployment(deployment: Deployment, base_model: str, addon_mode: AddonMode) -> None:

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer, none_before
@@ -324,29 +324,20 @@ def is_scaling_up(exc: BaseException) -> bool:
     return SCALING_UP_CODE in code or SCALING_UP_CODE in message or "scaling up" in message.lower()
 
 
+@dataclass
 class FireworksSampler:
     """Samples, streams and scores token ids against the versions in a :class:`ServedVersions`."""
 
-    def __init__(
-        self,
-        client: AsyncFireworks,
-        tokenizer: ChatTokenizer,
-        versions: ServedVersions,
-        *,
-        deployment: str,
-        scale_up_timeout_s: float,
-        first_backoff_s: float = 1.0,
-        max_backoff_s: float = 15.0,
-    ) -> None:
-        self._client = client
-        self._tokenizer = tokenizer
-        self.versions = versions
-        self.deployment = deployment
-        self.scale_up_timeout_s = scale_up_timeout_s
-        self.first_backoff_s = first_backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.scaling_since: float | None = None  # wall time the current scale-up wait began (None: not waiting)
-        self.scale_up_retries = 0  # 503 DEPLOYMENT_SCALING_UP answers retried so far (all requests)
+    _client: AsyncFireworks
+    _tokenizer: ChatTokenizer
+    versions: ServedVersions
+    _: KW_ONLY
+    deployment: str
+    scale_up_timeout_s: float
+    first_backoff_s: float = 1.0
+    max_backoff_s: float = 15.0
+    scaling_since: float | None = field(default=None, init=False)  # when the current scale-up wait began (wall time)
+    scale_up_retries: int = field(default=0, init=False)  # 503 DEPLOYMENT_SCALING_UP answers retried (all requests)
 
     @property
     def status(self) -> str:
