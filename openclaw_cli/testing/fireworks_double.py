@@ -49,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from openclaw_cli.backend import BackendError
+from openclaw_cli.testing.served_double import ServedDouble
 from openclaw_cli.types import SampleResult, SamplingParams, TokenChunk
 
 ACCOUNT = "test-account"
@@ -89,7 +90,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class FireworksDouble:
+class FireworksDouble(ServedDouble):
     """The double's state and FastAPI app; ``with FireworksDouble(model_dir) as fw: fw.base_url ...``."""
 
     def __init__(
@@ -123,7 +124,6 @@ class FireworksDouble:
         self._ids = itertools.count(1)
         self._load_engine()
         self.app = self._build_app()
-        self._server: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -149,27 +149,12 @@ class FireworksDouble:
         )
         self._train_lock = threading.Lock()  # one training job at a time (the model copy is shared)
 
-    def start(self) -> FireworksDouble:
-        from openclaw_cli.proxy.server import BackgroundServer
-
-        self._server = BackgroundServer(self.app).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    def release(self) -> None:
         self.sampler.close()
-
-    def __enter__(self) -> FireworksDouble:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def base_url(self) -> str:
-        return self._server.base_url
+        return self.url
 
     # -- names ----------------------------------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from openclaw_cli.testing.served_double import ServedDouble
 from openclaw_cli.types import AdamParams, Datum, SampleResult, SamplingParams, TokenChunk
 
 SERVERLESS_PREFIX = "/training/v1/serverless"
@@ -168,7 +169,7 @@ class _Run(_Host):
         return self.trainer
 
 
-class FireworksTrainingDouble:
+class FireworksTrainingDouble(ServedDouble):
     """The double's state and HTTP app; see the module docstring for what it covers and what it simplifies."""
 
     def __init__(
@@ -204,32 +205,16 @@ class FireworksTrainingDouble:
         self._state_root = Path(tempfile.mkdtemp(prefix="fw-training-double-"))
         # Training work runs one job at a time, in the order requests arrive (the SDK sends them in sequence order).
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fw-double-trainer")
-        self._server: Any = None
         self.app = self._build_app()
 
     # -- lifecycle --------------------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the double is not running; use it as a context manager")
-        return self._server.base_url
 
     @property
     def training_base_url(self) -> str:
         """What ``FiretitanServiceClient(base_url=...)`` takes for serverless training on this double."""
         return self.url + SERVERLESS_PREFIX
 
-    def start(self) -> FireworksTrainingDouble:
-        from openclaw_cli.proxy.server import BackgroundServer
-
-        self._server = BackgroundServer(self.app).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    def release(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
         for run in list(self._runs.values()):
             run.close()
@@ -238,12 +223,6 @@ class FireworksTrainingDouble:
             self._base_host.close()
             self._base_host = None
         shutil.rmtree(self._state_root, ignore_errors=True)
-
-    def __enter__(self) -> FireworksTrainingDouble:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- test controls ----------------------------------------------------------------------------------------
 
