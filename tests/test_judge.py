@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from judge_replies import completion_response
 
 from openclaw_cli import judge as judge_module
 from openclaw_cli.judge import (
@@ -326,18 +327,7 @@ async def test_openai_client_speaks_chat_completions() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(
-            200,
-            json={
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "judge-m",
-                "choices": [
-                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "\\boxed{1}"}}
-                ],
-            },
-        )
+        return completion_response("judge-m", "\\boxed{1}")
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     client = OpenAIJudgeClient("judge-m", "http://judge.test/v1", "sk-test", http_client=http)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from judge_replies import completion_response
 
 from openclaw_cli.backends.local import LocalBackend
 from openclaw_cli.collapse_guard import distinct_ratio
@@ -161,25 +162,8 @@ async def test_openai_judge_reads_top_logprobs_through_the_real_sdk(tmp_path: Pa
         body = json.loads(request.content)
         seen.append(body)
         top = [{"token": "Good", "logprob": -0.2, "bytes": None}, {"token": "Bad", "logprob": -2.5, "bytes": None}]
-        return httpx.Response(
-            200,
-            json={
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "judge",
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "length",
-                        "message": {"role": "assistant", "content": "Good"},
-                        "logprobs": {
-                            "content": [{"token": "Good", "logprob": -0.2, "bytes": None, "top_logprobs": top}]
-                        },
-                    }
-                ],
-            },
-        )
+        logprobs = {"content": [{"token": "Good", "logprob": -0.2, "bytes": None, "top_logprobs": top}]}
+        return completion_response("judge", "Good", finish="length", logprobs=logprobs)
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     client = OpenAIJudgeClient("judge", "http://127.0.0.1:9/v1", http_client=http)
@@ -250,11 +234,7 @@ async def test_auto_falls_back_to_votes_when_the_endpoint_returns_no_logprobs(tm
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         content = "\\boxed{1}" if body.get("max_tokens", 0) > 1 else "Good"
-        message = {"role": "assistant", "content": content}
-        choice = {"index": 0, "finish_reason": "stop", "message": message, "logprobs": None}
-        return httpx.Response(
-            200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "j", "choices": [choice]}
-        )
+        return completion_response("j", content)
 
     client = OpenAIJudgeClient(
         "j", "http://127.0.0.1:9/v1", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler))

@@ -22,6 +22,7 @@ from openclaw_cli.testing.fake_backend import FakeBackend
 from openclaw_cli.testing.fake_training import FakeTrainingBackend
 from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.trainer_loop import TrainerLoop
+from openclaw_cli.types import PolicyVersion
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,6 +95,13 @@ class World:
     def gate(self, judge: Any) -> PromotionGate:
         return PromotionGate(self.store, self.backend, judge, self.settings)
 
+    async def publish_after(self, sessions: int, judge: Any) -> tuple[PromotionGate, PolicyVersion]:
+        """``sessions`` one-turn sessions, then step 1 published through a gate with ``judge``."""
+        for _ in range(sessions):
+            self.turn()
+        gate = self.gate(judge)
+        return gate, await gate.publish("step-00000001")
+
 
 @pytest.fixture
 def world(tmp_path: Path, tiny_tokenizer: Any):
@@ -103,10 +111,7 @@ def world(tmp_path: Path, tiny_tokenizer: Any):
 
 
 async def test_a_candidate_that_wins_is_promoted(world: World) -> None:
-    for _ in range(4):
-        world.turn()
-    gate = world.gate(EvalJudge("newer"))
-    served = await gate.publish("step-00000001")
+    gate, served = await world.publish_after(4, EvalJudge("newer"))
     assert served.version == 1 and world.backend.current_version().version == 1
     assert world.backend.activations == [(1, False)]  # promoted; the trainer is not touched
     decision = gate.decisions[-1]
@@ -118,10 +123,7 @@ async def test_a_candidate_that_wins_is_promoted(world: World) -> None:
 
 
 async def test_a_candidate_that_regresses_is_held_back_but_stays_servable(world: World) -> None:
-    for _ in range(3):
-        world.turn()
-    gate = world.gate(EvalJudge("older"))
-    served = await gate.publish("step-00000001")
+    gate, served = await world.publish_after(3, EvalJudge("older"))
     assert served.version == 0 and world.backend.current_version().version == 0
     assert world.backend.activations == [] and world.backend.servable_versions() == [0, 1]
     decision = gate.decisions[-1]
@@ -139,10 +141,7 @@ async def test_a_candidate_that_regresses_is_held_back_but_stays_servable(world:
     ],
 )
 async def test_no_evidence_holds_the_candidate_back(world: World, judge: Any, sessions: int, reason: str) -> None:
-    for _ in range(sessions):
-        world.turn()
-    gate = world.gate(judge)
-    served = await gate.publish("step-00000001")
+    gate, served = await world.publish_after(sessions, judge)
     assert served.version == 0 and world.backend.current_version().version == 0
     decision = gate.decisions[-1]
     assert not decision.promoted and decision.reason.startswith(reason) and decision.win_rate is None
