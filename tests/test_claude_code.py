@@ -34,6 +34,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from api_shapes import anthropic_sse_events
 
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.anthropic_convert import to_openai_messages
@@ -187,22 +188,6 @@ def scripted(reply: str | dict[str, Any] | None) -> ScriptedReply:
 
 # -- wire checks --------------------------------------------------------------------------------------------------
 
-_FRAME = re.compile(rb"event: ([a-z_]+)\ndata: (\{.*\})", re.DOTALL)
-
-
-def sse_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
-    """Every frame must be exactly ``event: X\\ndata: {json}`` with ``data.type == X``, frames split by a blank line."""
-    parts = raw.split(b"\n\n")
-    assert parts[-1] == b"", "an SSE body ends with a blank line"
-    events = []
-    for part in parts[:-1]:
-        match = _FRAME.fullmatch(part)
-        assert match, f"malformed SSE frame: {part[:200]!r}"
-        name, data = match.group(1).decode(), json.loads(match.group(2))
-        assert data["type"] == name
-        events.append((name, data))
-    return events
-
 
 def assemble(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """Check the Messages event grammar and rebuild the message a client ends up with.
@@ -263,7 +248,7 @@ def returned_blocks(entry: dict[str, Any]) -> dict[str, Any] | None:
         return None
     body = entry["body"] or {}
     raw = entry["response"]
-    message = assemble(sse_events(raw)) if body.get("stream") else json.loads(raw)
+    message = assemble(anthropic_sse_events(raw)) if body.get("stream") else json.loads(raw)
     if "error" in message:
         return {"error": message["error"]["type"]}
     return {"content": comparable(message["content"]), "stop_reason": message["stop_reason"]}

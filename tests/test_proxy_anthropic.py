@@ -4,11 +4,11 @@ against a live loopback server backed by the scripted FakeBackend."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
 import httpx
+from api_shapes import anthropic_sse_events as frames
 
 from openclaw_cli.proxy.anthropic_convert import to_openai_messages, to_openai_tools
 from openclaw_cli.settings import Settings
@@ -33,21 +33,6 @@ CALL_TEXT = (
 )
 THINK_CALL_TEXT = "<think>\nUse the tool.\n</think>\n\n" + CALL_TEXT
 USER = [{"role": "user", "content": "What is 2 + 3 * 4?"}]
-FRAME = re.compile(rb"event: ([a-z_]+)\ndata: (\{.*\})")
-
-
-def frames(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
-    """Split an SSE body into (event, data); every frame must be exactly ``event: X\\ndata: {json}``."""
-    parts = raw.split(b"\n\n")
-    assert parts[-1] == b"", "the body must end with a blank line"
-    out = []
-    for part in parts[:-1]:
-        match = FRAME.fullmatch(part)
-        assert match, f"malformed frame: {part!r}"
-        event, data = match.group(1).decode(), json.loads(match.group(2))
-        assert data["type"] == event
-        out.append((event, data))
-    return out
 
 
 def post_stream(proxy: Proxy, body: dict[str, Any], path: str = "/v1/messages") -> bytes:

@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from api_shapes import assert_anthropic_error, assert_openai_error
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy import BackgroundServer, ProxyConfigError, check_bind, create_app
@@ -25,26 +26,6 @@ USER = [{"role": "user", "content": "Hello"}]
 OPENAI_OK = {"model": "openclaw", "messages": USER}
 ANTHROPIC_OK = {"model": "openclaw", "max_tokens": 16, "messages": USER}
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
-
-
-def assert_openai_error(resp: httpx.Response, status: int, *, param: str | None = None, code: str | None = None) -> str:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    if param is not None:
-        assert body["error"]["param"] == param
-    if code is not None:
-        assert body["error"]["code"] == code
-    return body["error"]["message"]
-
-
-def assert_anthropic_error(resp: httpx.Response, status: int, error_type: str) -> str:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert body["type"] == "error" and set(body) == {"type", "error"}
-    assert set(body["error"]) == {"type", "message"} and body["error"]["type"] == error_type
-    return body["error"]["message"]
 
 
 # -- bad input -------------------------------------------------------------------------------------------------

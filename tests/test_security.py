@@ -18,6 +18,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from api_shapes import assert_anthropic_error, assert_openai_error
 from starlette.routing import Route
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
@@ -76,24 +77,6 @@ def make_proxy(tiny_tokenizer, tmp_path: Path) -> Iterator[Callable[..., Proxy]]
     for proxy in made:
         proxy.server.stop()
         proxy.store.close()
-
-
-def assert_openai_error(resp: httpx.Response, status: int, *, code: str | None = None, kind: str | None = None) -> str:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    if code is not None:
-        assert body["error"]["code"] == code
-    if kind is not None:
-        assert body["error"]["type"] == kind
-    return body["error"]["message"]
-
-
-def assert_anthropic_error(resp: httpx.Response, status: int, error_type: str) -> str:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert body == {"type": "error", "error": {"type": error_type, "message": body["error"]["message"]}}
-    return body["error"]["message"]
 
 
 # -- the API key on every route ------------------------------------------------------------------------------------
