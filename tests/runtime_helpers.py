@@ -1,14 +1,17 @@
-"""Helpers the tests that start servers share: a free loopback port and the tiny model's runtime settings."""
+"""Helpers the tests that start servers share: a free loopback port, the tiny model's runtime settings and a poll
+for what a server does after it answered."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
 from openclaw_cli.testing.local_servers import free_port
 
-__all__ = ["free_port", "runtime_settings"]
+__all__ = ["became_true", "free_port", "runtime_settings"]
 
 
 def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Settings:
@@ -23,3 +26,13 @@ def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Setti
         proxy={"accept_any_model": True},
         **overrides,
     )
+
+
+def became_true(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether ``condition`` holds within ``timeout_s`` (polled; for what a server thread does after answering)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()

@@ -60,13 +60,19 @@ async def test_serves_a_request_and_ctrl_c_stops_cleanly_with_a_checkpoint(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def forbid_backend(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+    """Fail the test if launch creates its backend (``why`` it must not have)."""
+
+    def must_not_load(settings: Settings) -> None:
+        raise AssertionError(f"the backend was created {why}")
+
+    monkeypatch.setattr(runtime_module, "create_backend", must_not_load)
+
+
 async def test_refuses_a_public_bind_without_api_key_before_loading(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def must_not_load(settings: Settings) -> None:
-        raise AssertionError("the backend was created before the bind check")
-
-    monkeypatch.setattr(runtime_module, "create_backend", must_not_load)
+    forbid_backend(monkeypatch, "before the bind check")
     settings = runtime_settings(tiny_model_dir, tmp_path, host="0.0.0.0")
     with pytest.raises(ProxyConfigError, match="needs an API key"):
         await launch(settings, ui=False)
@@ -75,10 +81,7 @@ async def test_refuses_a_public_bind_without_api_key_before_loading(
 async def test_a_busy_port_fails_fast_with_a_clear_message(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def must_not_load(settings: Settings) -> None:
-        raise AssertionError("the backend was created although the port is taken")
-
-    monkeypatch.setattr(runtime_module, "create_backend", must_not_load)
+    forbid_backend(monkeypatch, "although the port is taken")
     settings = runtime_settings(tiny_model_dir, tmp_path)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", settings.port))

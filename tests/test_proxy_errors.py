@@ -5,8 +5,7 @@ must have recorded nothing."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -14,6 +13,7 @@ import httpx
 import openai
 import pytest
 from api_shapes import assert_anthropic_error, assert_openai_error
+from runtime_helpers import became_true
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.proxy import BackgroundServer, ProxyConfigError, check_bind, create_app
@@ -253,15 +253,6 @@ def test_capture_failure_never_breaks_the_reply(make_proxy):
 # -- disconnects -----------------------------------------------------------------------------------------------
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 @pytest.mark.parametrize(
     ("path", "body", "api"),
     [
@@ -281,9 +272,9 @@ def test_client_disconnect_mid_stream_records_a_partial_side_turn_and_stops_gene
             if seen.count(b"\n\n") >= 12:  # several events, some of the reply's text among them: leave now
                 break
     (call,) = proxy.backend.calls
-    assert _wait_for(lambda: call.closed_early), "the backend stream was not closed after the client left"
+    assert became_true(lambda: call.closed_early), "the backend stream was not closed after the client left"
     assert call.tokens_produced < len(proxy.backend.tokenizer().encode(long_reply))
-    assert _wait_for(lambda: len(proxy.sink.exchanges) == 1)
+    assert became_true(lambda: len(proxy.sink.exchanges) == 1)
     (partial,) = proxy.sink.exchanges
     # What the client got, kept as a side turn (never trained: the policy did not finish it), and counted.
     assert partial.api == api and partial.finish_reason == "aborted" and partial.stream
@@ -291,7 +282,7 @@ def test_client_disconnect_mid_stream_records_a_partial_side_turn_and_stops_gene
     assert 0 < len(partial.completion_tokens) <= call.tokens_produced
     assert long_reply.startswith(partial.assistant_message["content"])
     assert proxy.status()["capture"]["aborted"] == 1
-    assert _wait_for(lambda: proxy.status()["in_flight"] == 0)
+    assert became_true(lambda: proxy.status()["in_flight"] == 0)
 
 
 def test_client_disconnect_before_a_plain_reply_records_nothing(make_proxy):
@@ -299,7 +290,7 @@ def test_client_disconnect_before_a_plain_reply_records_nothing(make_proxy):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(proxy.url + CHAT, json=OPENAI_OK, timeout=httpx.Timeout(30, read=0.3))
     (call,) = proxy.backend.calls
-    assert _wait_for(lambda: call.closed_early)
+    assert became_true(lambda: call.closed_early)
     assert proxy.sink.exchanges == []
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import openai
 import pytest
 from api_shapes import assert_anthropic_error, assert_openai_error
+from runtime_helpers import became_true
 from starlette.routing import Route
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
@@ -449,20 +449,11 @@ def test_opted_out_exchanges_are_served_and_never_stored(make_proxy, tmp_path):
 
     # "0" is not an opt-out: that exchange is stored.
     assert httpx.post(proxy.url + CHAT, json=OPENAI_OK, headers={"x-openclaw-opt-out": "0"}).status_code == 200
-    assert _wait_for(lambda: proxy.turn_count() == 1)
+    assert became_true(lambda: proxy.turn_count() == 1)
     proxy.server.stop()
     proxy.store.close()
     raw = b"".join(Path(f"{store_path}{s}").read_bytes() for s in ("", "-wal") if Path(f"{store_path}{s}").exists())
     assert marker.encode() not in raw
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 def test_status_reports_opt_outs_in_process(tiny_tokenizer):
