@@ -10,10 +10,12 @@ code click itself uses for usage errors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -213,13 +215,39 @@ def has_api_key(settings: Settings) -> bool:
     return settings.api_key is not None and bool(settings.api_key.get_secret_value())
 
 
-def refuse_exposed_bind_without_key(settings: Settings) -> None:
+def begin_service(settings: Settings, doing: str, detail: str) -> None:
+    """What ``serve`` and ``launch`` do first: refuse a bind others can reach without an API key, then say in one
+    bold line what starts where."""
     if not is_loopback(settings.host) and not has_api_key(settings):
         raise CliFailure(
             f"refusing to bind {settings.host} without an API key: anyone who can reach it could use the policy and "
             "read captured conversations; set api_key (OPENCLAW_API_KEY=...) or bind 127.0.0.1",
             EXIT_REFUSED,
         )
+    model_name = settings.model or "embedded SmolLM2-135M-Instruct"
+    where = f"{model_name} with backend {settings.backend} on http://{settings.host}:{settings.port}"
+    stdout_console().print(Text(f"{doing} {where}{detail}", style="bold"), soft_wrap=True)
+
+
+@contextlib.contextmanager
+def service_failures(refused: Sequence[tuple[str, str]], failed: Sequence[tuple[str, str]] = ()) -> Iterator[None]:
+    """A running service's expected failures as one plain line: the exception classes named (module, class) in
+    ``refused`` (settings it cannot start with) exit :data:`EXIT_REFUSED`; those in ``failed`` and an OSError (the
+    port is taken) :data:`EXIT_FAILED`. A class whose module was never imported cannot have been raised: it is not
+    imported for this."""
+
+    def loaded(named: Sequence[tuple[str, str]]) -> tuple[type, ...]:
+        found = (getattr(sys.modules.get(module), name, None) for module, name in named)
+        return tuple(cls for cls in found if isinstance(cls, type))
+
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, loaded(refused)):
+            raise CliFailure(str(exc), EXIT_REFUSED) from None
+        if isinstance(exc, (OSError, *loaded(failed))):
+            raise CliFailure(str(exc)) from None
+        raise
 
 
 def connect_host(host: str) -> str:
