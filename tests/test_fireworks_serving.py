@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from backend_helpers import running
+from backend_helpers import user_prompt as prompt_for
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.fireworks import FireworksBackend
@@ -33,14 +35,8 @@ def double(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 async def backend(double: FireworksDouble, tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[FireworksBackend]:
-    started = FireworksBackend(double_settings(double, tiny_model_dir, tmp_path))
-    await started.start()
-    yield started
-    await started.close()
-
-
-def prompt_for(backend: FireworksBackend, text: str = "What is the capital of France?") -> list[int]:
-    return backend.tokenizer().render([{"role": "user", "content": text}])
+    async with running(FireworksBackend(double_settings(double, tiny_model_dir, tmp_path))) as started:
+        yield started
 
 
 async def test_sample_sends_token_ids_and_keeps_exact_tokens_and_logprobs(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_helpers import running
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.fireworks.stepwise import FireworksStepwiseBackend, training_base_url
@@ -50,10 +51,8 @@ def make_settings(model_dir: Path, double: FireworksTrainingDouble, tmp: Path, *
 async def backend(
     tiny_model_dir: Path, double: FireworksTrainingDouble, tmp_path: Path
 ) -> AsyncIterator[FireworksStepwiseBackend]:
-    started = FireworksStepwiseBackend(make_settings(tiny_model_dir, double, tmp_path))
-    await started.start()
-    yield started
-    await started.close()
+    async with running(FireworksStepwiseBackend(make_settings(tiny_model_dir, double, tmp_path))) as started:
+        yield started
 
 
 def prompt_for(backend: FireworksStepwiseBackend, text: str = "Say hello politely.") -> list[int]:

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from backend_helpers import running
+from backend_helpers import user_prompt as prompt_of
 
 from openclaw_cli.backend import Backend, BackendError, load_backend_class
 from openclaw_cli.backends.local import LocalBackend, choose_sampler
@@ -27,14 +29,8 @@ def make_settings(model_dir: Path, state_dir: Path, **local_overrides: object) -
 
 @pytest.fixture
 async def backend(tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[LocalBackend]:
-    instance = LocalBackend(make_settings(tiny_model_dir, tmp_path / "ckpt"))
-    await instance.start()
-    yield instance
-    await instance.close()
-
-
-def prompt_of(backend: LocalBackend, text: str = "What is the capital of France?") -> list[int]:
-    return backend.tokenizer().render([{"role": "user", "content": text}])
+    async with running(LocalBackend(make_settings(tiny_model_dir, tmp_path / "ckpt"))) as started:
+        yield started
 
 
 async def train_one_step(
