@@ -1,6 +1,7 @@
 """Does the bot internalize a correction? Train with the defaults, then ask held-out questions without it.
 
     python bench/learning.py [--minutes 8] [--seeds 0 1 2] [--judge policy|scripted] [--control] [--plot-dir DIR]
+                             [--script bench/scripts/brevity.json]
 
 Each run (a seed, or the control) is one process on the real pieces (a run's memory is not all given back when it
 ends: four runs in one process were killed for memory on a 24 GB machine), with ``Settings()`` defaults (nothing
@@ -8,13 +9,14 @@ tuned here): the local backend with the embedded SmolLM2-135M-Instruct, the prox
 SQLite store (uvicorn on 127.0.0.1), the judge loop with the policy judging itself (``make_judge_client``;
 ``judge.mode = auto``), the trainer loop and the publisher ``openclaw launch`` uses (collapse guard).
 
-Scripted users ask the :data:`QUESTIONS` (training questions) over the OpenAI API with an ``X-Session-Id`` and want
-brevity: a reply over ``--max-words`` words gets :data:`CORRECTION`, a short one that misses the point gets
-:data:`WRONG`, a good one gets thanks and the next question. Per training step the script prints the judge's mean
-reward and the share of good replies (the users' own rule).
+Scripted users (a :class:`Script`, ``--script FILE``; default ``bench/scripts/brevity.json``) ask the training
+questions over the OpenAI API with an ``X-Session-Id`` and want brevity: a reply over ``--max-words`` words gets the
+script's correction, a short one that misses the point gets its "wrong" line, a good one gets thanks and the next
+question. Per training step the script prints the judge's mean reward and the share of good replies (the users' own
+rule).
 
-The learning claim is measured on :data:`HELD_OUT` questions, never asked in training, at temperature 0: before
-training plain and *told* (the user's instruction :data:`INSTRUCTION` added to the question), and after training plain.
+The learning claim is measured on the script's held-out questions, never asked in training, at temperature 0: before
+training plain and *told* (the script's instruction added to the question), and after training plain.
 Pass: after-training plain replies at least 40% shorter than before and at most 1.2x the told model's length;
 keyword-hit rate at least the told model's minus 0.10; distinct-word ratio at least 0.5. ``--judge scripted`` swaps
 the judge for a rule that reads the users' reactions (the control: does training learn when the signal is right? For
@@ -46,50 +48,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from loopback import serve_on_loopback
 
-SYSTEM = "You are a helpful assistant."
-# Each question with the words (lower case) one of which a right answer contains: a short reply must also answer,
-# else "The answer is:" would satisfy the user and the policy learns exactly that (seen in an earlier run).
-QUESTIONS: dict[str, tuple[str, ...]] = {
-    "What is the capital of France?": ("paris",),
-    "Why is the sky blue?": ("scatter",),
-    "What is photosynthesis?": ("light", "sun"),
-    "Who wrote Romeo and Juliet?": ("shakespeare",),
-    "How many legs does a spider have?": ("8", "eight"),
-    "What is the boiling point of water?": ("100", "212"),
-    "What does a CPU do?": ("process", "instruction", "comput"),
-    "Why do we have seasons?": ("tilt", "axis"),
-    "What is the largest ocean on Earth?": ("pacific",),
-    "How do airplanes fly?": ("lift", "wing"),
-    "What is gravity?": ("force", "attract", "mass"),
-    "What is the speed of light?": ("299", "300", "186", "3 x 10", "3x10"),
-    "What language is spoken in Brazil?": ("portuguese",),
-    "What is a prime number?": ("divisible", "factor", "divisor"),
-    "How does a rainbow form?": ("refract", "reflect", "droplet", "prism"),
-    "What is DNA?": ("genetic", "gene", "deoxyribo", "hered"),
-}
-# Asked only before and after training, never by the users: the learning claim is measured on these.
-HELD_OUT: dict[str, tuple[str, ...]] = {
-    "What is the capital of Japan?": ("tokyo",),
-    "Why do leaves change color in autumn?": ("chlorophyll", "pigment"),
-    "What is the chemical symbol for gold?": ("au",),
-    "Who painted the Mona Lisa?": ("leonardo", "vinci"),
-    "How many continents are there?": ("seven", "7"),
-    "What is the freezing point of water?": ("0", "32", "zero"),
-    "What do plants need to grow?": ("water", "light", "sun"),
-    "What is the largest planet in our solar system?": ("jupiter",),
-    "Why do we need to sleep?": ("rest", "repair", "memory", "brain", "energy"),
-    "What is a volcano?": ("magma", "lava", "erupt"),
-    "What causes tides?": ("moon", "gravit"),
-    "What is the main gas in the air we breathe?": ("nitrogen",),
-    "How many days are in a leap year?": ("366",),
-    "What does the heart do?": ("pump", "blood"),
-    "What is an atom?": ("particle", "matter", "proton", "electron", "nucleus", "smallest"),
-    "Who was the first person to walk on the moon?": ("armstrong",),
-}
-INSTRUCTION = "Answer in one short sentence."
-CORRECTION = "No, that is far too long. Answer in one short sentence, please."
-WRONG = "No, that does not answer my question. Try again."
-THANKS = "Thanks, short and clear. Next question: {question}"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@dataclass(frozen=True)
+class Script:
+    """What the scripted users say and ask (a JSON file in ``bench/scripts``, ``--script``): the system prompt; the
+    instruction a *told* question carries; the correction (a reply too long), "wrong" (short, but no keyword) and
+    thanks lines; and the training and held-out questions, each with the words (lower case) one of which a right
+    answer contains: a short reply must also answer, else "The answer is:" would satisfy the user and the policy
+    learns exactly that (seen in an earlier run). Held-out questions are asked only before and after training, never
+    by the users: the learning claim is measured on them."""
+
+    system: str
+    instruction: str
+    correction: str
+    wrong: str
+    thanks: str  # with {question}: the next question follows the thanks
+    questions: dict[str, tuple[str, ...]]
+    held_out: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def load(cls, path: Path) -> Script:
+        data = json.loads(path.read_text())
+        data.pop("about", None)
+        for key in ("questions", "held_out"):
+            data[key] = {question: tuple(words) for question, words in data[key].items()}
+        if set(data["questions"]) & set(data["held_out"]):
+            raise SystemExit(f"{path}: a held-out question is also a training question")
+        return cls(**data)
+
+
+SCRIPT = Script.load(SCRIPTS / "brevity.json")  # --script replaces it (in main, before any run)
 
 
 class ScriptedRewardJudge:
@@ -103,9 +93,9 @@ class ScriptedRewardJudge:
         # Only the next-state part of the judge prompt: the context above it may quote an earlier correction.
         marker = text.rfind("## Next state")
         next_state = text[marker:] if marker >= 0 else text
-        if CORRECTION in next_state or WRONG in next_state:
+        if SCRIPT.correction in next_state or SCRIPT.wrong in next_state:
             return "The user corrects the reply. \\boxed{-1}"
-        if THANKS.split("{", 1)[0] in next_state:
+        if SCRIPT.thanks.split("{", 1)[0] in next_state:
             return "The user moves on. \\boxed{1}"
         return "\\boxed{0}"
 
@@ -132,8 +122,8 @@ async def scripted_user(
     rng = random.Random(args.seed * 1000 + user)
     while not stop.is_set():
         session = f"user{user}-{uuid.uuid4().hex[:8]}"
-        question = rng.choice(list(QUESTIONS))
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        question = rng.choice(list(SCRIPT.questions))
+        messages = [{"role": "system", "content": SCRIPT.system}, {"role": "user", "content": question}]
         for _ in range(args.turns):
             if stop.is_set():
                 return
@@ -147,16 +137,16 @@ async def scripted_user(
                 break
             reply = response.json()["choices"][0]["message"].get("content") or ""
             short = word_count(reply) <= args.max_words
-            answers = any(word in reply.lower() for word in QUESTIONS[question])
+            answers = any(word in reply.lower() for word in SCRIPT.questions[question])
             observed.replies.append((time.time(), short and answers))
             observed.texts.append(reply)
             if not short:
-                follow_up = CORRECTION
+                follow_up = SCRIPT.correction
             elif not answers:
-                follow_up = WRONG
+                follow_up = SCRIPT.wrong
             else:
-                question = rng.choice(list(QUESTIONS))
-                follow_up = THANKS.format(question=question)
+                question = rng.choice(list(SCRIPT.questions))
+                follow_up = SCRIPT.thanks.format(question=question)
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
 
 
@@ -254,7 +244,7 @@ class HeldOut:
     def of(cls, replies: list[str]) -> HeldOut:
         from openclaw_cli.collapse_guard import distinct_ratio
 
-        keys = list(HELD_OUT.values())
+        keys = list(SCRIPT.held_out.values())
         hits = [any(k in r.lower() for k in ks) for r, ks in zip(replies, keys, strict=True)]
         return cls(
             replies,
@@ -271,9 +261,9 @@ async def ask_held_out(backend: Any, *, told: bool, max_tokens: int, version: in
     tokenizer = backend.tokenizer()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     replies = []
-    for question in HELD_OUT:
-        text = f"{question} {INSTRUCTION}" if told else question
-        prompt = tokenizer.render([{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}])
+    for question in SCRIPT.held_out:
+        text = f"{question} {SCRIPT.instruction}" if told else question
+        prompt = tokenizer.render([{"role": "system", "content": SCRIPT.system}, {"role": "user", "content": text}])
         result = await backend.sample(prompt, params, version=version)
         replies.append(result.text.strip())
     return HeldOut.of(replies)
@@ -417,7 +407,7 @@ async def main_async(args: argparse.Namespace) -> int:
     before = await ask_held_out(base, told=False, max_tokens=args.max_tokens)
     told = await ask_held_out(base, told=True, max_tokens=args.max_tokens)
     await base.close()
-    print(f"held-out ({len(HELD_OUT)} questions, temperature 0, never trained on):")
+    print(f"held-out ({len(SCRIPT.held_out)} questions, temperature 0, never trained on):")
     print(f"  before, plain: {before.words:5.1f} words, hits {before.hits:.2f}, distinct {before.distinct:.2f}")
     print(f"  before, told:  {told.words:5.1f} words, hits {told.hits:.2f}, distinct {told.distinct:.2f}")
     runs = [(seed, args.judge) for seed in args.seeds]
@@ -436,7 +426,7 @@ async def main_async(args: argparse.Namespace) -> int:
         )
     for r in results[:1]:
         print(f"\nexamples (seed {r.seed}, {r.judge}):")
-        for q, b, a in list(zip(HELD_OUT, before.replies, r.after.replies, strict=True))[:4]:
+        for q, b, a in list(zip(SCRIPT.held_out, before.replies, r.after.replies, strict=True))[:4]:
             print(f"  Q: {q}\n    before: {b!r}\n    after:  {a!r}")
     return 0
 
@@ -459,10 +449,15 @@ def main() -> int:
     parser.add_argument("--control", action="store_true", help="also run the scripted-judge control (first seed)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a setting other than its default")
     parser.add_argument("--plot-dir", type=Path, default=None, help="write reward-over-steps PNGs here")
+    parser.add_argument(
+        "--script", type=Path, default=SCRIPTS / "brevity.json", help="the users' lines and questions (JSON)"
+    )
     parser.add_argument("--debug", action="append", metavar="LOGGER", help="log this logger at debug level")
     parser.add_argument("--one-run", metavar="SEED:JUDGE", help=argparse.SUPPRESS)  # a child of run_in_child
     parser.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global SCRIPT
+    SCRIPT = Script.load(args.script)  # each run's child parses the same arguments, so it loads the same script
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in args.debug or []:
