@@ -159,6 +159,73 @@ class SupportsVersionControl(Protocol):
         """Version numbers ``activate`` accepts now, oldest first (0 = the base model)."""
 
 
+class DelegatingBackend:
+    """The Backend protocol (and version control, where the delegate has it) forwarded to :meth:`delegate`: for a
+    backend that picks its implementation at start (e.g. by a mode setting). A subclass sets ``name``, implements
+    ``start``, ``close`` and ``delegate`` (raising BackendError before start), and adds what it does itself."""
+
+    name: str
+
+    def delegate(self) -> Backend:
+        raise NotImplementedError
+
+    def tokenizer(self) -> ChatTokenizer:
+        return self.delegate().tokenizer()
+
+    def current_version(self) -> PolicyVersion:
+        return self.delegate().current_version()
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        return await self.delegate().sample(prompt_tokens, params, version)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        return self.delegate().stream(prompt_tokens, params, version)
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        return await self.delegate().compute_logprobs(tokens, base=base, start=start)
+
+    async def forward_backward(
+        self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
+    ) -> FwdBwdResult:
+        return await self.delegate().forward_backward(datums, loss, loss_config)
+
+    async def discard_gradients(self) -> None:
+        await self.delegate().discard_gradients()
+
+    async def optim_step(self, adam: AdamParams) -> StepResult:
+        return await self.delegate().optim_step(adam)
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        return await self.delegate().publish(name)
+
+    async def save_state(self, name: str) -> str:
+        return await self.delegate().save_state(name)
+
+    async def load_state(self, path: str) -> PolicyVersion:
+        return await self.delegate().load_state(path)
+
+    # -- version control (SupportsVersionControl), where the delegate has it ---------------------------------------
+
+    async def stage(self, name: str | None = None) -> PolicyVersion:
+        return await self._version_control().stage(name)
+
+    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
+        return await self._version_control().activate(version, train_from=train_from)
+
+    def servable_versions(self) -> list[int]:
+        return self._version_control().servable_versions()
+
+    def _version_control(self) -> SupportsVersionControl:
+        delegate = self.delegate()
+        if not isinstance(delegate, SupportsVersionControl):
+            raise BackendError(f"the {self.name} backend cannot switch policy versions", status_code=501)
+        return delegate
+
+
 def none_before(values: Sequence[float | None], start: int) -> list[float | None]:
     """``values`` with the entries before ``start`` set to None (compute_logprobs's contract, for backends whose
     service scores every position anyway)."""

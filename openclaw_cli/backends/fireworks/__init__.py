@@ -19,26 +19,14 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-from collections.abc import AsyncIterator
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.backend import BackendError, Check, NotYetAvailable, supports_version_control
+from openclaw_cli.backend import BackendError, Check, DelegatingBackend, NotYetAvailable
 from openclaw_cli.settings import env_secret
-from openclaw_cli.types import (
-    AdamParams,
-    Datum,
-    FwdBwdResult,
-    LossName,
-    PolicyVersion,
-    SampleResult,
-    SamplingParams,
-    StepResult,
-    StreamEvent,
-)
 
 if TYPE_CHECKING:
-    from openclaw_cli.backend import Backend, ChatTokenizer
+    from openclaw_cli.backend import Backend
     from openclaw_cli.settings import Settings
 
 STEPWISE_MODULE = "openclaw_cli.backends.fireworks.stepwise"
@@ -47,8 +35,10 @@ KEY_ENV, ACCOUNT_ENV = "FIREWORKS_API_KEY", "FIREWORKS_ACCOUNT_ID"
 _USE_BATCH = "set fireworks.mode = 'batch' (SFT jobs on any account)"
 
 
-class FireworksBackend:
-    """Delegates the Backend protocol to the mode ``settings.fireworks.mode`` selects (see the module docstring)."""
+class FireworksBackend(DelegatingBackend):
+    """Delegates the Backend protocol to the mode ``settings.fireworks.mode`` selects (see the module docstring).
+    Both modes have ``discard_gradients`` (batch: a no-op, its rows are keyed by tokens; stepwise: the Tinker-shaped
+    one), so the trainer may retry a failed step here too."""
 
     name = "fireworks"
 
@@ -70,7 +60,7 @@ class FireworksBackend:
 
         return FireworksBatchBackend(self.settings)
 
-    def _require(self) -> Backend:
+    def delegate(self) -> Backend:
         if self.impl is None:
             raise BackendError("the Fireworks backend is not started; call start() first")
         return self.impl
@@ -87,66 +77,6 @@ class FireworksBackend:
     async def close(self) -> None:
         if self.impl is not None:
             await self.impl.close()
-
-    # -- protocol, delegated --------------------------------------------------------------------------------------
-
-    def tokenizer(self) -> ChatTokenizer:
-        return self._require().tokenizer()
-
-    def current_version(self) -> PolicyVersion:
-        return self._require().current_version()
-
-    async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> SampleResult:
-        return await self._require().sample(prompt_tokens, params, version)
-
-    def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        return self._require().stream(prompt_tokens, params, version)
-
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
-        return await self._require().compute_logprobs(tokens, base=base, start=start)
-
-    async def forward_backward(
-        self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
-    ) -> FwdBwdResult:
-        return await self._require().forward_backward(datums, loss, loss_config)
-
-    async def discard_gradients(self) -> None:
-        # Both modes have it (batch: a no-op, its rows are keyed by tokens; stepwise: the Tinker-shaped one), so the
-        # trainer may retry a failed step here too.
-        await self._require().discard_gradients()
-
-    async def optim_step(self, adam: AdamParams) -> StepResult:
-        return await self._require().optim_step(adam)
-
-    async def publish(self, name: str | None = None) -> PolicyVersion:
-        return await self._require().publish(name)
-
-    # -- version control (openclaw_cli.backend.SupportsVersionControl), delegated -----------------------------
-
-    async def stage(self, name: str | None = None) -> PolicyVersion:
-        return await self._version_control().stage(name)
-
-    async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
-        return await self._version_control().activate(version, train_from=train_from)
-
-    def servable_versions(self) -> list[int]:
-        return self._version_control().servable_versions()
-
-    def _version_control(self) -> Any:
-        impl = self._require()
-        if not supports_version_control(impl):
-            raise BackendError(f"the Fireworks {self.mode} mode cannot switch policy versions", status_code=501)
-        return impl
-
-    async def save_state(self, name: str) -> str:
-        return await self._require().save_state(name)
-
-    async def load_state(self, path: str) -> PolicyVersion:
-        return await self._require().load_state(path)
 
     # -- readiness ------------------------------------------------------------------------------------------------
 
