@@ -70,7 +70,7 @@ from openclaw_cli.hindsight_demos import DemoReplay, hindsight_demo
 from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
-from openclaw_cli.types import PolicyVersion
+from openclaw_cli.types import Datum, FwdBwdResult, PolicyVersion, StepResult
 
 log = logging.getLogger("openclaw.trainer")
 
@@ -386,30 +386,13 @@ class TrainerLoop:
             )
         scored = time.monotonic()
 
-        if self._can_discard:
-            await self.backend.discard_gradients()  # a failed earlier attempt may have left some behind
-        fb = await self.backend.forward_backward(datums, "ppo", ppo_loss_config(train))
-        adam = adam_params_from(train)
-        self._weights_ahead = True  # a cancelled optim_step still finishes in its worker thread
-        try:
-            optim = await self.backend.optim_step(adam)
-        except Exception:
-            self._weights_ahead = False  # it failed: no update (what retrying the step relies on, too)
-            raise
+        fb, optim = await self._update(datums)
         self._baseline.update([r for r in rewards if r != 0])
         self._replay.after_step(samples)
         trained_at = time.monotonic()
         # The update is in the trainer from here on: the turns count as trained even if publishing fails.
         step = self.step + 1
-        try:
-            version = (await self.publisher(checkpoint_name(step))).version
-            publish_error = None
-            if version == current_version:  # held back (collapse guard or gate): its demonstrations go with it
-                self._replay.clear()
-        except Exception as exc:
-            log.exception("publishing step %d failed; serving stays on the previous version", step)
-            version = self.backend.current_version().version
-            publish_error = f"{type(exc).__name__}: {exc}"
+        version, publish_error = await self._publish(step, current_version)
 
         mean_reward = sum(rewards) / len(rewards) if rewards else None
         metrics: dict[str, Any] = {
@@ -445,6 +428,32 @@ class TrainerLoop:
         results = {turn.id: {"trained": turn.id in trained, "step": step, "version": version} for turn in batch}
         report = StepReport(step, version, metrics, list(trained_ids), [t.id for t in batch])
         return await self._commit(_StepCommit(report, results, mean_reward))
+
+    async def _update(self, datums: list[Datum]) -> tuple[FwdBwdResult, StepResult]:
+        """One optimizer step on ``datums`` (gradients a failed earlier attempt left behind dropped first)."""
+        train = self.settings.train
+        if self._can_discard:
+            await self.backend.discard_gradients()
+        fb = await self.backend.forward_backward(datums, "ppo", ppo_loss_config(train))
+        self._weights_ahead = True  # a cancelled optim_step still finishes in its worker thread
+        try:
+            optim = await self.backend.optim_step(adam_params_from(train))
+        except Exception:
+            self._weights_ahead = False  # it failed: no update (what retrying the step relies on, too)
+            raise
+        return fb, optim
+
+    async def _publish(self, step: int, current_version: int) -> tuple[int, str | None]:
+        """Publish the step's weights: (the version serving after it, the publish error if it failed). A version
+        held back (collapse guard or gate) takes its demonstrations out of the replay."""
+        try:
+            version = (await self.publisher(checkpoint_name(step))).version
+        except Exception as exc:
+            log.exception("publishing step %d failed; serving stays on the previous version", step)
+            return self.backend.current_version().version, f"{type(exc).__name__}: {exc}"
+        if version == current_version:
+            self._replay.clear()
+        return version, None
 
     async def _commit(self, pending: _StepCommit) -> StepReport | None:
         """Write the step and its turns in one transaction; on failure keep it for the next round (the weights
