@@ -51,7 +51,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,26 +282,7 @@ class FireworksTrainingDouble(ServedDouble):
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="Fireworks training TEST DOUBLE")
 
-        @app.middleware("http")
-        async def record_auth_and_faults(request: Request, call_next: Callable[[Request], Any]) -> Response:
-            path = request.url.path
-            short = path[len(SERVERLESS_PREFIX) :] if path.startswith(SERVERLESS_PREFIX) else path
-            raw = await request.body()
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = None
-            with self._lock:
-                self.calls.append(RecordedCall(request.method, short, body, dict(request.headers)))
-                faults = self._faults.get(short)
-                fault = faults.popleft() if faults else None
-            if not self._authorised(request):
-                return JSONResponse(
-                    {"error": {"message": "invalid API key", "code": "UNAUTHENTICATED"}}, status_code=401
-                )
-            if fault is not None:
-                return JSONResponse(fault.body, status_code=fault.status, headers=fault.headers)
-            return await call_next(request)
+        app.middleware("http")(self._record_auth_and_faults)
 
         @app.get("/v1/accounts")
         async def accounts() -> dict[str, Any]:
@@ -345,40 +326,18 @@ class FireworksTrainingDouble(ServedDouble):
         async def telemetry() -> dict[str, Any]:
             return {"status": "accepted"}
 
-        @app.post(p + "/create_model")
-        async def create_model(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/create_model", lambda: self._create_model(body))
-
-        @app.post(p + "/forward_backward")
-        async def forward_backward(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/forward_backward", lambda: self._forward_backward(body), body)
-
-        @app.post(p + "/optim_step")
-        async def optim_step(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/optim_step", lambda: self._optim_step(body), body)
-
-        @app.post(p + "/save_weights_for_sampler")
-        async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/save_weights_for_sampler", lambda: self._save_for_sampler(body), body)
-
-        @app.post(p + "/save_weights")
-        async def save_weights(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/save_weights", lambda: self._save_state(body), body)
-
-        @app.post(p + "/load_weights")
-        async def load_weights(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/load_weights", lambda: self._load_state(body), body)
-
-        @app.post(p + "/unload_model")
-        async def unload_model(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            return self._submit("/api/v1/unload_model", lambda: self._unload(body), body)
+        # The training calls the SDK polls as futures: each runs on the worker, in arrival order.
+        futures: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], bool]] = {
+            "create_model": (self._create_model, False),  # (the work, whether a planned fault sees the body)
+            "forward_backward": (self._forward_backward, True),
+            "optim_step": (self._optim_step, True),
+            "save_weights_for_sampler": (self._save_for_sampler, True),
+            "save_weights": (self._save_state, True),
+            "load_weights": (self._load_state, True),
+            "unload_model": (self._unload, True),
+        }
+        for name, (work, with_body) in futures.items():
+            app.add_api_route(f"{p}/{name}", self._future_route(name, work, with_body), methods=["POST"])
 
         @app.post(p + "/retrieve_future")
         async def retrieve_future(request: Request) -> Response:
@@ -390,6 +349,34 @@ class FireworksTrainingDouble(ServedDouble):
             return await self._completions(await request.json())
 
         return app
+
+    async def _record_auth_and_faults(self, request: Request, call_next: Callable[[Request], Any]) -> Response:
+        """Every call recorded; a wrong key answered 401; a planned fault answered instead of the route."""
+        path = request.url.path
+        short = path[len(SERVERLESS_PREFIX) :] if path.startswith(SERVERLESS_PREFIX) else path
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        with self._lock:
+            self.calls.append(RecordedCall(request.method, short, body, dict(request.headers)))
+            faults = self._faults.get(short)
+            fault = faults.popleft() if faults else None
+        if not self._authorised(request):
+            return JSONResponse({"error": {"message": "invalid API key", "code": "UNAUTHENTICATED"}}, status_code=401)
+        if fault is not None:
+            return JSONResponse(fault.body, status_code=fault.status, headers=fault.headers)
+        return await call_next(request)
+
+    def _future_route(
+        self, name: str, work: Callable[[dict[str, Any]], dict[str, Any]], with_body: bool
+    ) -> Callable[[Request], Awaitable[dict[str, Any]]]:
+        async def route(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            return self._submit(f"/api/v1/{name}", lambda: work(body), body if with_body else None)
+
+        return route
 
     def _authorised(self, request: Request) -> bool:
         key = request.headers.get("x-api-key")
