@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from openclaw_cli.backend import BackendError, Check
+from openclaw_cli.backends.local.heap import keep_large_allocations_mapped, release_free_memory
 from openclaw_cli.backends.sampler_serving import ServesFromSampler
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, LossName, PolicyVersion, StepResult
 
@@ -85,6 +86,7 @@ class LocalBackend(ServesFromSampler):
             if self._torch_sampler is not None:
                 return
             kind = choose_sampler(self.settings.local.sampler)
+            keep_large_allocations_mapped()  # before the model's tensors exist (see heap.py)
             loaded, trainer, versions, torch_sampler = await asyncio.to_thread(self._build)
             if kind == "vllm":
                 from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
@@ -167,7 +169,10 @@ class LocalBackend(ServesFromSampler):
     async def optim_step(self, adam: AdamParams) -> StepResult:
         trainer = self._require_trainer()
         async with self._train_lock:
-            return await asyncio.to_thread(trainer.optim_step, adam)
+            result = await asyncio.to_thread(trainer.optim_step, adam)
+            # The step's activations and gradients are all freed by now: give their pages back (see heap.py).
+            await asyncio.to_thread(release_free_memory)
+            return result
 
     async def publish(self, name: str | None = None) -> PolicyVersion:
         trainer = self._require_trainer()
