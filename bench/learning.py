@@ -363,9 +363,10 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
 
 
 def run_in_child(seed: int, judge_kind: str) -> RunResult | None:
-    """One run in a process of its own, this script with ``--one-run``: a run's memory (about 11 GB for SmolLM2 at
-    its peak) is not all given back when it ends, and four runs in one process were killed for memory on a 24 GB
-    machine. None (said) when the child fails."""
+    """One run in a process of its own, this script with ``--one-run``: a run's memory was not all given back when it
+    ended (about 11 GB for SmolLM2 at its peak before the local backend returned freed pages to the OS, see
+    openclaw_cli/backends/local/heap.py), and four runs in one process were killed for memory on a 24 GB machine; a
+    process per run also keeps one run's failure from ending the others. None (said) when the child fails."""
     with tempfile.TemporaryDirectory(prefix="openclaw-learning-run-") as tmp:
         result_file = Path(tmp) / "result.json"
         command = [sys.executable, __file__, *sys.argv[1:], "--one-run", f"{seed}:{judge_kind}"]
