@@ -7,8 +7,8 @@
   JSON, or for a constrained request with ``stream: true`` replayed as a stream once known, with keep-alives while
   it is sampled (see :mod:`openclaw_cli.proxy.buffered_stream`). The reply is recorded before any of it is sent.
 
-Each API supplies only what differs: how its body is built and recorded, how a body replays as its stream, and its
-error frame and headers.
+Each API supplies only what differs, as a :class:`ReplyFormat`: its live frames, how its body is built and recorded,
+how a body replays as its stream, its error frame and headers.
 """
 
 from __future__ import annotations
