@@ -9,28 +9,30 @@ from pathlib import Path
 
 import pytest
 
-# Frees a 16 MB tensor (glibc then raises its dynamic mmap threshold to 16 MB), then allocates 200 tensors of 2 MB
-# interleaved with small long-lived ones and frees the large ones: what stays resident is what the heaps kept.
+# The ratchet, made deterministic: a raised mmap threshold (what glibc does by itself after freeing a large block;
+# set here to its 32 MB ceiling) puts 2 MB tensors on the heap; small long-lived tensors allocated between them pin
+# the heap, so freeing the large ones leaves holes glibc keeps. Then either remedy of heap.py: the threshold fixed at
+# 1 MB before allocating, or the heaps trimmed after freeing.
 PROBE = textwrap.dedent(
     """
+    import ctypes
     import sys
     import torch
-    from openclaw_cli.backends.local.heap import keep_large_allocations_mapped, release_free_memory
+    from openclaw_cli.backends.local.heap import M_MMAP_THRESHOLD, keep_large_allocations_mapped, release_free_memory
 
     def rss_mb() -> float:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096 / 2**20
 
+    assert ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 32 * 2**20) == 1
     if sys.argv[1] == "threshold":
         assert keep_large_allocations_mapped()
-    big = torch.ones(4 * 2**20)
-    del big
     start = rss_mb()
     keep = []
     chunks = []
     for i in range(200):
         chunks.append(torch.ones(2**19))
-        keep.append(torch.ones(16))
+        keep.append(torch.ones(2**14))  # 64 KB: too large for a free list, carved from the heap top
     del chunks
     if sys.argv[1] == "trim":
         release_free_memory()
@@ -40,7 +42,6 @@ PROBE = textwrap.dedent(
 
 
 def kept_mb(mode: str, tmp_path: Path) -> int:
-    # Run as a file: the heap's layout (what the test depends on) differs under ``python -c``.
     script = tmp_path / "heap_probe.py"
     script.write_text(PROBE)
     done = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=120)
@@ -50,7 +51,6 @@ def kept_mb(mode: str, tmp_path: Path) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator only")
 def test_freed_activation_sized_tensors_are_given_back_by_either_setting(tmp_path: Path) -> None:
-    # Left alone, this glibc keeps them (the layout above reproduces it; the exact layout matters, so no skip).
-    assert kept_mb("neither", tmp_path) > 300
+    assert kept_mb("neither", tmp_path) > 300  # the ratchet: freed, but still resident
     assert kept_mb("threshold", tmp_path) < 50  # of 400 MB allocated and freed
     assert kept_mb("trim", tmp_path) < 50
