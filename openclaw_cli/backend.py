@@ -222,7 +222,9 @@ class DelegatingBackend:
     def _version_control(self) -> SupportsVersionControl:
         delegate = self.delegate()
         if not isinstance(delegate, SupportsVersionControl):
-            raise BackendError(f"the {self.name} backend cannot switch policy versions", status_code=501)
+            # Name the implementation: which one the backend picked (e.g. a mode) is why it cannot.
+            kind = type(delegate).__name__
+            raise BackendError(f"the {self.name} backend ({kind}) cannot switch policy versions", status_code=501)
         return delegate
 
 
