@@ -65,7 +65,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-@dataclass
+@dataclass(eq=False)  # a service object: equal only to itself, and hashable
 class Runtime:
     """The running process: its parts, for the dashboard and for tests that embed it."""
 

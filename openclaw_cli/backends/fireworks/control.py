@@ -241,7 +241,7 @@ def make_client(api_key: str, account_id: str, base_url: str | None, *, timeout_
     return Fireworks(api_key=api_key, account_id=account_id, base_url=base_url, max_retries=0, timeout=timeout_s)
 
 
-@dataclass
+@dataclass(eq=False)  # a service object: equal only to itself, and hashable
 class FireworksControl:
     """Blocking control-plane operations for one account (see the module docstring)."""
 

@@ -324,7 +324,7 @@ def is_scaling_up(exc: BaseException) -> bool:
     return SCALING_UP_CODE in code or SCALING_UP_CODE in message or "scaling up" in message.lower()
 
 
-@dataclass
+@dataclass(eq=False)  # a service object: equal only to itself, and hashable
 class FireworksSampler:
     """Samples, streams and scores token ids against the versions in a :class:`ServedVersions`."""
 
