@@ -637,7 +637,7 @@ def settings_sources(
 def effective_items(settings: Settings, sources: dict[str, str]) -> list[tuple[str, str, str]]:
     """(key, shown value, source) for every leaf setting, secrets masked."""
     rows = []
-    for key, value in _flatten(_leaves(settings, _as_text)).items():
+    for key, value in _flatten(_leaves(settings, _as_text, str)).items():
         source = sources.get(key) or next((s for k, s in sources.items() if k.startswith(key + ".")), "default")
         rows.append((key, value, source))
     return rows
@@ -645,20 +645,21 @@ def effective_items(settings: Settings, sources: dict[str, str]) -> list[tuple[s
 
 def effective_values(settings: Settings) -> dict[str, Any]:
     """Every leaf setting by dotted key as a JSON-ready value (unset -> None); secrets masked, never revealed."""
-    return _flatten(_leaves(settings, _as_json))
+    return _flatten(_leaves(settings, _as_json, lambda item: item))
 
 
-def _leaves(model: BaseModel, shown: Callable[[Any], Any]) -> dict[str, Any]:
-    """The settings tree with every secret masked and every other leaf (a free-form section's too) as ``shown``."""
+def _leaves(model: BaseModel, shown: Callable[[Any], Any], free_form: Callable[[Any], Any]) -> dict[str, Any]:
+    """The settings tree with every secret masked, every other field as ``shown`` and every leaf of a free-form section
+    (plugins) as ``free_form``."""
     out: dict[str, Any] = {}
     for name in type(model).model_fields:
         value = getattr(model, name)
         if isinstance(value, BaseModel):
-            out[name] = _leaves(value, shown)
+            out[name] = _leaves(value, shown, free_form)
         elif isinstance(value, SecretStr):
             out[name] = mask_secret(value)
         elif isinstance(value, dict):
-            out[name] = _masked_mapping(value, shown)
+            out[name] = _masked_mapping(value, free_form)
         else:
             out[name] = shown(value)
     return out
