@@ -409,8 +409,13 @@ async def test_closing_a_stream_stops_the_worker(served: SimpleNamespace) -> Non
 async def test_cancelling_sample_stops_the_worker(served: SimpleNamespace) -> None:
     with slow_forward(served.model, 0.01):
         task = asyncio.create_task(served.sampler.sample(served.prompt, SamplingParams(max_tokens=2000), version=0))
-        await asyncio.sleep(0.1)
+        # Wait for admission rather than a fixed sleep: on a loaded CI machine the worker may take longer to start.
+        deadline = time.monotonic() + 5
+        while served.sampler.running_requests == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         assert served.sampler.running_requests == 1
+        await asyncio.sleep(0.05)
+        assert not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
