@@ -14,7 +14,8 @@ bot, asked plainly, answers as the base model does when told.
 
 A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats
 itself (fewer than half its words distinct: 'The answer is "The answer is "...'), echoes the hint (four words of
-it in a row, or the whole demonstration is a run of the hint's words: "Try again."), or is implausible as a reply
+it in a row, or the whole demonstration is a run of the hint's words: "Try again."), talks about "this question"
+instead of only answering it (:func:`talks_about_the_question`), or is implausible as a reply
 to the plain conversation: mean log-probability under the frozen base model below :data:`MIN_MEAN_LOGPROB`. Measured
 on SmolLM2 on demonstrations it wrote in a learning run: answers to the question score -0.3 to -2.0 a token; the
 teacher's junk ("You are an empowered and helpful AI assistant.", the *next* question a "thanks; next question:
@@ -48,6 +49,7 @@ HINT_ECHO_WORDS = 4
 # module docstring for what it separates).
 MIN_MEAN_LOGPROB = -2.5
 _WORD = re.compile(r"[a-z0-9']+")
+_QUESTION_TALK = re.compile(r"\b(this|that|your|the)\s+question\b", re.IGNORECASE)
 
 
 def _word_runs(text: str, n: int) -> set[tuple[str, ...]]:
@@ -62,6 +64,17 @@ def echoes_hint(reply: str, hint: str, n: int = HINT_ECHO_WORDS) -> bool:
     if 0 < len(words) < n:
         return tuple(words) in _word_runs(hint, len(words))
     return bool(_word_runs(reply, n) & _word_runs(hint, n))
+
+
+def talks_about_the_question(reply: str) -> bool:
+    """True when the reply speaks of "this question" (or your / the / that question) instead of only answering it.
+
+    SmolLM2's teacher opens some demonstrations that way and a few are nothing else ("The answer to this question is a
+    classic example of a logical fallacy.", 'The answer to this question is: "How do airplanes fly."': 2 of 16 on the
+    learning bench's training questions); trained in, the opener outlived the answers it introduced and held-out
+    replies shrank to "The answer to this question lies in ..." with the fact gone. An answer never needs the words,
+    so a demonstration that has them is dropped, hollow or not."""
+    return _QUESTION_TALK.search(reply) is not None
 
 
 def repeats_itself(reply: str) -> bool:
@@ -94,8 +107,12 @@ async def hindsight_demo(
     if not reply.tokens or not text or reply.finish_reason != "stop":
         log.debug("turn %d: demonstration dropped (empty or cut off): %r", turn.id, text[:80])
         return None
-    if echoes_hint(text, hint) or repeats_itself(text):
-        log.debug("turn %d: demonstration dropped (echoes the hint or itself): %r", turn.id, text[:80])
+    if echoes_hint(text, hint) or repeats_itself(text) or talks_about_the_question(text):
+        log.debug(
+            "turn %d: demonstration dropped (echoes the hint or itself, or talks about the question): %r",
+            turn.id,
+            text[:80],
+        )
         return None
     prompt = list(turn.prompt_tokens)
     tokens = prompt + list(reply.tokens)

@@ -144,10 +144,17 @@ class TrainSettings(_Section):
         1.0,
         ge=0.0,
         le=4.0,
-        description="Hindsight demonstrations (opd / combined): for a hinted turn the judge did not approve, the base "
+        description="Hindsight demonstrations (opd / combined): for a hinted turn (see demo_for), the base "
         "model's reply to the conversation with the hint is trained as a reply without it, with this advantage on "
         "every token (0 = off); under Adam it sets the demonstrations' share of a step, not its size (0.5 and 2.0 "
         "measured no better than 1.0). See openclaw_cli/hindsight_demos.py; measured in docs/learning.md.",
+    )
+    demo_for: Literal["every", "unapproved"] = Field(
+        "every",
+        description="Which hinted turns get a hindsight demonstration: every = each one (a demonstration that would "
+        "not be usable is dropped all the same); unapproved = only where the judge's score is <= 0. every by default: "
+        "SmolLM2 judging itself approved 5 of 31 of the brevity user's 'far too long' corrections (and scored none "
+        "below 0), so unapproved lost those turns' demonstrations; see docs/learning.md.",
     )
     demo_replay: int = Field(
         2,

@@ -536,8 +536,8 @@ class TrainerLoop:
                 hinted = self._hinted_prompt(turn, hint)
                 if hinted is not None:  # scoring may still fail, e.g. the hint pushes it past the context limit
                     teacher = await self._base_completion_logprobs(turn, hinted, "the OPD teacher (reward only)")
-                unapproved = reward is None or reward <= 0
-                if hinted is not None and teacher is not None and train.demo_weight > 0 and unapproved:
+                wanted = train.demo_for == "every" or reward is None or reward <= 0
+                if hinted is not None and teacher is not None and train.demo_weight > 0 and wanted:
                     demos.append(
                         hindsight_demo(
                             self.backend,

@@ -15,7 +15,7 @@ from openclaw_cli.algorithms import (
     ppo_loss_config,
     teacher_messages,
 )
-from openclaw_cli.hindsight_demos import echoes_hint, repeats_itself
+from openclaw_cli.hindsight_demos import echoes_hint, repeats_itself, talks_about_the_question
 from openclaw_cli.settings import TrainSettings
 
 
@@ -211,6 +211,14 @@ def test_echoes_hint_is_four_words_of_the_hint_in_a_row() -> None:
     assert echoes_hint("Try again.", "No, that does not answer my question. Try again.")  # all of it is the hint's
     assert not echoes_hint("Paris again.", "No, that does not answer my question. Try again.")
     assert not echoes_hint("long too", hint)  # the hint's words, not a run of them
+
+
+def test_a_demonstration_that_talks_about_the_question_is_told_apart() -> None:
+    assert talks_about_the_question("The answer to this question is a classic example of a logical fallacy.")
+    assert talks_about_the_question('The answer to THIS  question is: "How do airplanes fly."')
+    assert talks_about_the_question("That's a great question. Your question is about Paris.")
+    assert not talks_about_the_question("Paris is the capital of France.")
+    assert not talks_about_the_question("Questions about gravity: it is the force between masses.")
 
 
 def test_a_demonstration_that_repeats_itself_is_told_apart() -> None:

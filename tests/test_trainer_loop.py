@@ -265,7 +265,7 @@ async def test_the_trainer_takes_the_newest_judged_turns_first(tmp_path: Path, t
 async def test_opd_scores_the_completion_with_the_base_model_in_the_hinted_context(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1)
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_weight=0.0)  # the teacher's scoring alone
     world.ready_turn([21, 22], score=1, hint="Answer in one word.")
     report = await world.loop().run_once()
     assert report is not None and report.metrics["teacher_hints"] == 1
@@ -304,7 +304,8 @@ async def test_a_hinted_turn_the_judge_did_not_approve_also_trains_the_base_mode
 async def test_a_demonstration_is_replayed_rescored_in_later_steps_without_training_its_turn_again(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_replay=1)
+    # Only unapproved turns write demonstrations here, so each step's fresh and replayed ones can be told apart.
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_replay=1, demo_for="unapproved")
     loop = world.loop()
     corrected = world.ready_turn([21, 22], score=-1, hint="Answer in one word.")
     first = await loop.run_once()
@@ -348,22 +349,38 @@ async def test_a_held_back_version_takes_its_demonstrations_out_of_the_replay(
 
 
 @pytest.mark.parametrize(
-    ("score", "demo_text", "base_logprob", "why"),
+    ("score", "demo_for", "demo_text", "base_logprob", "why"),
     [
-        (1, "Paris.", None, "approved"),
-        (-1, "No, answer in one word.", None, "echoes the hint"),
-        (-1, "Paris.", -3.0, "implausible under the base model"),
+        (1, "unapproved", "Paris.", None, "approved"),
+        (-1, "every", "No, answer in one word.", None, "echoes the hint"),
+        (-1, "every", "The answer to this question is Paris.", None, "talks about the question"),
+        (-1, "every", "Paris.", -3.0, "implausible under the base model"),
     ],
 )
 async def test_no_demonstration_for_an_approved_turn_or_an_unusable_one(
-    tmp_path: Path, tiny_tokenizer: Any, score: int, demo_text: str, base_logprob: float | None, why: str
+    tmp_path: Path,
+    tiny_tokenizer: Any,
+    score: int,
+    demo_for: str,
+    demo_text: str,
+    base_logprob: float | None,
+    why: str,
 ) -> None:
-    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1)
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1, demo_for=demo_for)
     world.backend.demo_text = demo_text
     world.backend.base_logprob = base_logprob
     world.ready_turn([21, 22], score=score, hint="No, answer in one word.")
     report = await world.loop().run_once()
     assert report is not None and report.metrics["demos"] == 0 and report.metrics["n_samples"] == 1, why
+    world.store.close()
+
+
+async def test_an_approved_hinted_turn_gets_a_demonstration_by_default(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    # demo_for = every: the judge's approval does not withhold the demonstration (SmolLM2 approves some corrections).
+    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1)
+    world.ready_turn([21, 22], score=1, hint="Thanks. Next question: what is the capital of Spain?")
+    report = await world.loop().run_once()
+    assert report is not None and report.metrics["demos"] == 1 and report.metrics["n_samples"] == 2
     world.store.close()
 
 
