@@ -3,7 +3,7 @@
 OPD scores the student's own reply token by token against a teacher that read the hint, and (with the upper clip at
 0) only ever pushes tokens down: it says what not to write, never what to write, and a small model drifts to
 whatever is left unpunished (late in 20-minute runs SmolLM2 started quoting the user's correction back). A
-demonstration says what to write: for a turn the judge did not approve that carries a hint, the frozen base model
+demonstration says what to write: for a turn that carries a hint (``train.demo_for``), the frozen base model
 answers the same conversation *with* the hint (greedy: the told model's own answer), and the policy is trained to give
 that answer *without* it, with a constant positive advantage ``train.demo_weight`` under the same PPO loss. Its
 "sampler" log-probabilities are the current policy's, so the ratio is 1 when the step's one gradient is taken and the

@@ -248,7 +248,7 @@ class _SampleResponse:
     sequences: list[_Sequence]
 
 
-class FireworksSampler:
+class FiretitanSampler:
     """A ``FiretitanSamplingClient`` with Tinker's ``sample`` / ``compute_logprobs`` as coroutines on our loop."""
 
     def __init__(self, client: Any, tokenizer: Callable[[], HFChatTokenizer], redact: Sequence[str] = ()) -> None:
@@ -377,7 +377,7 @@ class FireworksService:
         self._lock = threading.Lock()
         # Samplers still referenced (serving or pinned); the core drops old versions, and the SDK closes a sampler
         # when it is collected, so only the live ones are left to close here.
-        self._samplers: weakref.WeakSet[FireworksSampler] = weakref.WeakSet()
+        self._samplers: weakref.WeakSet[FiretitanSampler] = weakref.WeakSet()
 
     def _service(self) -> Any:
         with self._lock:
@@ -391,7 +391,7 @@ class FireworksService:
 
     async def create_sampling_client(
         self, *, model_path: str | None = None, base_model: str | None = None
-    ) -> FireworksSampler:
+    ) -> FiretitanSampler:
         doing = f"opening a sampler for {model_path or base_model}"
 
         def open_sampler() -> Any:
@@ -505,8 +505,8 @@ class FireworksStepwiseBackend(TinkerShapedBackend):
             tokenizer.context_length = self.settings.fireworks.context_length
         return tokenizer
 
-    def wrap_sampler(self, client: Any) -> FireworksSampler:
-        return FireworksSampler(client, self.tokenizer, [self._api_key] if self._api_key else [])
+    def wrap_sampler(self, client: Any) -> FiretitanSampler:
+        return FiretitanSampler(client, self.tokenizer, [self._api_key] if self._api_key else [])
 
     @classmethod
     def diagnose(cls, settings: Settings) -> list[Check]:
