@@ -23,7 +23,8 @@ the judge for a rule that reads the users' reactions (the control: does training
 ``opd`` it also sets ``judge.next_state_hints = "unhappy"``, so exactly the corrected turns get the user's words as
 the hint);
 ``--control`` runs it beside the first seed. ``--plot-dir`` writes each run's reward-over-steps PNG
-(the plot ``openclaw eval --plot`` draws).
+(the plot ``openclaw eval --plot`` draws) and every held-out reply before, told and after (``held-out-*.json``), to read
+which answers a run lost.
 """
 
 from __future__ import annotations
@@ -399,6 +400,18 @@ def verdict_line(before: HeldOut, told: HeldOut, after: HeldOut) -> tuple[bool, 
     return all(checks.values()), f"{100 * shorter:.0f}% shorter; {text}"
 
 
+def write_held_out(path: Path, before: HeldOut, told: HeldOut, after: HeldOut) -> None:
+    """Each held-out question with its replies before (plain and told) and after training, and whether each names a
+    key word: the per-question view behind the hit rates."""
+    rows = []
+    for i, (question, keys) in enumerate(SCRIPT.held_out.items()):
+        replies = {"before": before.replies[i], "told": told.replies[i], "after": after.replies[i]}
+        hits = {f"{name}_hit": any(word in reply.lower() for word in keys) for name, reply in replies.items()}
+        rows.append({"question": question, **replies, **hits})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.settings import Settings
@@ -425,6 +438,9 @@ async def main_async(args: argparse.Namespace) -> int:
             f"{r.judge:>9}{r.seed:>6}{r.steps:>7}{r.held_back:>6}{r.after.words:>8.1f}{r.after.hits:>7.2f}"
             f"{r.after.distinct:>10.2f}  {'PASS' if ok else 'fail'}: {line}"
         )
+    if args.plot_dir is not None:
+        for r in results:
+            write_held_out(args.plot_dir / f"held-out-{r.judge}-seed{r.seed}.json", before, told, r.after)
     for r in results[:1]:
         print(f"\nexamples (seed {r.seed}, {r.judge}):")
         for q, b, a in list(zip(SCRIPT.held_out, before.replies, r.after.replies, strict=True))[:4]:
