@@ -3,8 +3,8 @@
     python bench/judge_accuracy.py [--model smollm2|PATH] [--modes channel logprob vote]
 
 The policy judges itself (as ``openclaw launch`` does with no judge model) on the labelled set
-``tests/data/judge_next_states.jsonl``: 44 steps (an assistant reply and what came next), 19 where the user or a tool
-shows the reply worked (+1), 19 corrections, complaints or tool errors (-1), 6 neutral follow-ups (0; a question
+``tests/data/judge_next_states.jsonl``: 84 steps (an assistant reply and what came next), 37 where the user or a tool
+shows the reply worked (+1), 37 corrections, complaints or tool errors (-1), 10 neutral follow-ups (0; a question
 about something else, "Hmm, ok.", an empty tool output). For each mode the script runs
 :meth:`openclaw_cli.judge.JudgeLoop.judge_turn` on every step and prints: the share of valid verdicts (a readout
 that produced a verdict at all; vote mode can fail to parse), the AUC of the log-odds (or vote) on the +-1 steps,

@@ -62,7 +62,7 @@ from openclaw_cli.judge_prompts import (
     prompt_hashes,
 )
 from openclaw_cli.judge_verdict import (
-    NEUTRAL_NEXT_STATE,
+    CHANNEL_FRAMES,
     VERDICT_PROMPT_VERSION,
     VERDICT_QUESTION,
     VERDICT_SYSTEM,
@@ -564,15 +564,19 @@ class JudgeLoop:
         # The next state's own words, as the readouts were measured (no "[user]" labels: the prefix names the role).
         next_text = "\n".join(flatten_content(m.get("content")) for m in next_state)
         if self.mode == "channel":
-            happy, unhappy = (channel_prefix(reply_text, next_state_role, v) for v in (1, -1))
+            text = channel_text(next_text)
             scored = await asyncio.gather(
                 *(
-                    self._guarded(self.client.continuation_logprob, prefix, text)  # type: ignore[attr-defined]
-                    for text in (channel_text(next_text), channel_text(NEUTRAL_NEXT_STATE))
-                    for prefix in (happy, unhappy)
+                    self._guarded(
+                        self.client.continuation_logprob,  # type: ignore[attr-defined]
+                        channel_prefix(reply_text, next_state_role, verdict, frame),
+                        text,
+                    )
+                    for frame in range(len(CHANNEL_FRAMES))
+                    for verdict in (1, -1)
                 )
             )
-            log_odds = channel_log_odds(*scored)
+            log_odds = channel_log_odds(list(zip(scored[::2], scored[1::2], strict=True)))
             return Verdict(
                 score=reward_from_log_odds(log_odds, margin), mode="channel", log_odds=log_odds, reason="judged"
             )

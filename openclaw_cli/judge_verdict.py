@@ -3,13 +3,16 @@
 Two readouts, each a few forward passes per turn and always a verdict (no ``\\boxed{}`` to fail to parse):
 
 - **channel** (the default for the policy judging itself): how much more likely the judge model finds the next state
-  after "the user was happy with that answer and said:" than after "... unhappy ... and complained:", each prefix
-  holding the assistant's reply. The log-likelihood ratio is calibrated by subtracting the same ratio for a
-  content-free next state (:data:`NEUTRAL_NEXT_STATE`), which removes the prefixes' own bias ("Calibrate Before
-  Use", Zhao et al. 2021). On the 44 labelled steps of ``tests/data/judge_next_states.jsonl``
+  after a prefix that says the reply worked than after one that says it did not, each holding the assistant's reply,
+  averaged over two wordings (:data:`CHANNEL_FRAMES`: "the user was satisfied / dissatisfied and replied:", "It
+  worked. / It did not work. The user replied:"). On the 84 labelled steps of ``tests/data/judge_next_states.jsonl``
   (``bench/judge_accuracy.py``) SmolLM2-135M scored this way separates satisfied from correcting next states with
-  AUC 0.80 (the logprob readout: 0.57), where asking it "yes or no" directly is at chance
-  (AUC 0.47-0.51, it answers "no" to everything) and three sampled chains of thought give almost no parsable vote.
+  AUC 0.91 (the logprob readout: 0.57), where asking it "yes or no" directly is at chance (AUC 0.47-0.51, it
+  answers "no" to everything) and three sampled chains of thought give almost no parsable vote. The wordings were
+  chosen on the first 44 steps (six candidates, two kept at the cost of the one before) and checked on 40 written
+  afterwards: AUC 0.80 -> 0.95 on the first set, 0.82 -> 0.85 on the new one. The previous readout's calibration
+  against a content-free next state ("OK."; "Calibrate Before Use", Zhao et al. 2021) made it worse (AUC 0.84
+  uncalibrated) and cost two of its four passes, so it is gone.
 - **logprob**: the judge's next-token distribution over three verdict words after a short question (one forward
   pass, GenRM-style); for judges strong enough to answer directly (an OpenAI-compatible endpoint returning
   ``top_logprobs``, or a larger policy).
@@ -23,18 +26,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from openclaw_cli.judge_prompts import clip_middle
 
-VERDICT_PROMPT_VERSION = "verdict-v1"
+VERDICT_PROMPT_VERSION = "verdict-v2"
 
 # The next state as the judge reads it, and the reply inside the channel prefixes: short, so a verdict stays cheap.
 CHANNEL_REPLY_CHARS = 400
 CHANNEL_NEXT_STATE_CHARS = 600
-NEUTRAL_NEXT_STATE = "OK."
-_CHANNEL_PREFIX = "The assistant said: {reply}\nThe {who} was {mood}"
-_MOODS = {1: "happy with that answer and said:", -1: "unhappy with that answer and complained:"}
+# (positive, negative) prefix wordings; the channel log-odds is the mean over them (see the module docstring).
+CHANNEL_FRAMES: tuple[tuple[str, str], ...] = (
+    ("The {who} was satisfied and replied:", "The {who} was dissatisfied and replied:"),
+    ("It worked. The {who} replied:", "It did not work. The {who} replied:"),
+)
+_CHANNEL_PREFIX = "The assistant said: {reply}\n{frame}"
 
 # logprob mode: three words whose first tokens differ in the usual tokenizers.
 VERDICT_WORDS: dict[str, int] = {"good": 1, "bad": -1, "unclear": 0}
@@ -53,10 +59,13 @@ def _who(next_state_role: str | None) -> str:
     return "user" if next_state_role in (None, "user") else "program"
 
 
-def channel_prefix(reply_text: str, next_state_role: str | None, verdict: int) -> str:
-    """The text the judge continues with the next state, for ``verdict`` +1 (happy) or -1 (unhappy)."""
+def channel_prefix(reply_text: str, next_state_role: str | None, verdict: int, frame: int = 0) -> str:
+    """The text the judge continues with the next state, for ``verdict`` +1 (it worked) or -1 (it did not), in the
+    wording ``CHANNEL_FRAMES[frame]``."""
     reply = " ".join(clip_middle(reply_text, CHANNEL_REPLY_CHARS).split()) or "(nothing)"
-    return _CHANNEL_PREFIX.format(reply=reply, who=_who(next_state_role), mood=_MOODS[verdict])
+    positive, negative = CHANNEL_FRAMES[frame]
+    wording = (positive if verdict > 0 else negative).format(who=_who(next_state_role))
+    return _CHANNEL_PREFIX.format(reply=reply, frame=wording)
 
 
 def channel_text(next_state_text: str) -> str:
@@ -64,10 +73,11 @@ def channel_text(next_state_text: str) -> str:
     return " " + (" ".join(clip_middle(next_state_text, CHANNEL_NEXT_STATE_CHARS).split()) or "(nothing)")
 
 
-def channel_log_odds(happy: float, unhappy: float, neutral_happy: float, neutral_unhappy: float) -> float:
-    """Calibrated log-odds of progress: log p(next | happy) - log p(next | unhappy), minus the same for the neutral
-    next state."""
-    return (happy - unhappy) - (neutral_happy - neutral_unhappy)
+def channel_log_odds(pairs: Sequence[tuple[float, float]]) -> float:
+    """Log-odds of progress: the mean over the wordings of log p(next | worked) - log p(next | did not)."""
+    if not pairs:
+        raise ValueError("channel_log_odds needs at least one (worked, did not) pair")
+    return sum(positive - negative for positive, negative in pairs) / len(pairs)
 
 
 def verdict_log_odds(logprobs: Mapping[str, float]) -> tuple[float, dict[str, float]]:

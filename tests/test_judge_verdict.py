@@ -23,7 +23,9 @@ from openclaw_cli.judge import (
     words_from_top_logprobs,
 )
 from openclaw_cli.judge_verdict import (
-    NEUTRAL_NEXT_STATE,
+    CHANNEL_FRAMES,
+    channel_log_odds,
+    channel_prefix,
     hint_from_next_state,
     reward_from_log_odds,
     verdict_log_odds,
@@ -60,45 +62,69 @@ class ChannelJudge:
 
     async def continuation_logprob(self, prefix: str, text: str) -> float:
         self.calls.append((prefix, text))
-        mood = "happy" if "was happy" in prefix else "unhappy"
-        return self.table[(mood, text.strip())]
+        # Which wording (0, 1) and which side (+1 worked, -1 did not) this prefix is.
+        (frame, verdict), *_ = (
+            (i, v)
+            for i, pair in enumerate(CHANNEL_FRAMES)
+            for v, w in zip((1, -1), pair, strict=True)
+            if prefix.endswith(w.format(who="user"))
+        )
+        return self.table[(frame, verdict, text.strip())]
 
 
-async def test_channel_verdict_is_the_calibrated_log_odds_through_tanh_and_the_margin(tmp_path: Path) -> None:
+async def test_channel_verdict_is_the_mean_log_odds_over_the_wordings_through_tanh_and_the_margin(
+    tmp_path: Path,
+) -> None:
     table = {
-        ("happy", THANKS): -5.0,
-        ("unhappy", THANKS): -8.0,
-        ("happy", CORRECTION): -20.0,
-        ("unhappy", CORRECTION): -19.5,
-        ("happy", NEUTRAL_NEXT_STATE): -3.0,
-        ("unhappy", NEUTRAL_NEXT_STATE): -3.5,
+        (0, 1, THANKS): -5.0,
+        (0, -1, THANKS): -8.0,
+        (1, 1, THANKS): -6.0,
+        (1, -1, THANKS): -8.0,
+        (0, 1, CORRECTION): -20.0,
+        (0, -1, CORRECTION): -19.0,
+        (1, 1, CORRECTION): -21.0,
+        (1, -1, CORRECTION): -20.0,
     }
     settings = Settings(method="opd", judge={"margin": 1.0, "next_state_hints": "unhappy"})
     with Store(tmp_path / "s.sqlite3") as store:
         thanks_id, correction_id = _seed(store, [THANKS, CORRECTION])
-        loop = JudgeLoop(store, ChannelJudge(table), settings)
+        judge = ChannelJudge(table)
+        loop = JudgeLoop(store, judge, settings)
         assert loop.mode == "channel"
         assert await loop.run_once() == 2
+        assert len(judge.calls) == 2 * 2 * len(CHANNEL_FRAMES)  # two passes per wording per turn, nothing else
         good = store.result_of("judge", thanks_id)
-        # (-5 - -8) - (-3 - -3.5) = 2.5 >= margin: reward tanh(1.25)
+        # mean((-5 - -8), (-6 - -8)) = 2.5 >= margin: reward tanh(1.25)
         assert good["mode"] == "channel" and good["log_odds"] == pytest.approx(2.5)
         assert good["score"] == pytest.approx(math.tanh(1.25))
         assert good["hint"] is None  # approval is no hint
         bad = store.result_of("judge", correction_id)
-        # (-20 - -19.5) - 0.5 = -1.0: at the margin, so it counts: tanh(-0.5)
+        # mean(-1, -1) = -1.0: at the margin, so it counts: tanh(-0.5)
         assert bad["log_odds"] == pytest.approx(-1.0) and bad["score"] == pytest.approx(math.tanh(-0.5))
         assert bad["hint_source"] == "next_state" and CORRECTION in bad["hint"]
         assert store.get_turn(thanks_id).reward == pytest.approx(math.tanh(1.25))
+
+
+def test_channel_prefixes_hold_the_reply_and_name_who_answered() -> None:
+    user = channel_prefix("Paris.", "user", 1, frame=0)
+    assert user == "The assistant said: Paris.\nThe user was satisfied and replied:"
+    assert (
+        channel_prefix("Paris.", "tool", -1, frame=1)
+        == "The assistant said: Paris.\nIt did not work. The program replied:"
+    )
+    assert channel_log_odds([(-1.0, -4.0), (-2.0, -3.0)]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        channel_log_odds([])
 
 
 async def test_every_user_reply_is_a_hint_by_default_even_one_the_judge_reads_as_approval(tmp_path: Path) -> None:
     # The judge misreads the correction as approval (log-odds +2.5): with next_state_hints "unhappy" its hint is
     # lost; the default ("every") keeps the user's words for the teacher, and the reward still follows the verdict.
     table = {
-        ("happy", CORRECTION): -5.0,
-        ("unhappy", CORRECTION): -8.0,
-        ("happy", NEUTRAL_NEXT_STATE): -3.0,
-        ("unhappy", NEUTRAL_NEXT_STATE): -3.5,
+        (0, 1, CORRECTION): -5.0,
+        (0, -1, CORRECTION): -8.0,
+        (1, 1, CORRECTION): -6.0,
+        (1, -1, CORRECTION): -8.0,
     }
     assert Settings().judge.next_state_hints == "every"
     every = Settings(method="opd")

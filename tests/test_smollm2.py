@@ -81,8 +81,8 @@ async def test_local_backend_answers_paris() -> None:
 
 async def test_the_default_judge_reads_the_labelled_next_states_on_smollm2() -> None:
     """The policy judging itself (judge.mode auto -> channel, margin 1.0) on tests/data/judge_next_states.jsonl:
-    always a verdict, and the verdicts past the margin mostly right (measured: 24 of 31, AUC 0.80; see
-    bench/judge_accuracy.py). Guards the readout against regressions, not a claim of judge quality."""
+    always a verdict, and the verdicts past the margin mostly right (measured: 39 of 42 on the 74 labelled +-1, AUC
+    0.91; see bench/judge_accuracy.py). Guards the readout against regressions, not a claim of judge quality."""
     import json
     from pathlib import Path
     from types import SimpleNamespace
@@ -95,7 +95,7 @@ async def test_the_default_judge_reads_the_labelled_next_states_on_smollm2() -> 
         for line in (Path(__file__).parent / "data" / "judge_next_states.jsonl").read_text().splitlines()
         if line.strip()
     ]
-    assert len(items) >= 40
+    assert len(items) >= 80
     settings = Settings(local={"device": "cpu"})
     backend = LocalBackend(settings)
     await backend.start()
@@ -118,4 +118,4 @@ async def test_the_default_judge_reads_the_labelled_next_states_on_smollm2() -> 
     assert all(v.log_odds is not None for _, v in verdicts)  # every step got a verdict
     scored = [(label, v.score) for label, v in verdicts if v.score != 0]
     right = sum((score > 0) == (label > 0) for label, score in scored)
-    assert len(scored) >= 25 and right / len(scored) >= 0.7, (right, len(scored))
+    assert len(scored) >= 35 and right / len(scored) >= 0.85, (right, len(scored))
