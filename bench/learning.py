@@ -105,6 +105,12 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
+def names_a_key_word(reply: str, keys: tuple[str, ...]) -> bool:
+    """Whether ``reply`` holds one of a question's key words (lower case): the keyword hit the users and the hit
+    rates judge by."""
+    return any(word in reply.lower() for word in keys)
+
+
 @dataclass
 class Observed:
     """Every reply the users got: (time, short enough and answering the question?)."""
@@ -138,7 +144,7 @@ async def scripted_user(
                 break
             reply = response.json()["choices"][0]["message"].get("content") or ""
             short = word_count(reply) <= args.max_words
-            answers = any(word in reply.lower() for word in SCRIPT.questions[question])
+            answers = names_a_key_word(reply, SCRIPT.questions[question])
             observed.replies.append((time.time(), short and answers))
             observed.texts.append(reply)
             if not short:
@@ -246,7 +252,7 @@ class HeldOut:
         from openclaw_cli.collapse_guard import distinct_ratio
 
         keys = list(SCRIPT.held_out.values())
-        hits = [any(k in r.lower() for k in ks) for r, ks in zip(replies, keys, strict=True)]
+        hits = [names_a_key_word(r, ks) for r, ks in zip(replies, keys, strict=True)]
         return cls(
             replies,
             sum(word_count(r) for r in replies) / len(replies),
@@ -406,7 +412,7 @@ def write_held_out(path: Path, before: HeldOut, told: HeldOut, after: HeldOut) -
     rows = []
     for i, (question, keys) in enumerate(SCRIPT.held_out.items()):
         replies = {"before": before.replies[i], "told": told.replies[i], "after": after.replies[i]}
-        hits = {f"{name}_hit": any(word in reply.lower() for word in keys) for name, reply in replies.items()}
+        hits = {f"{name}_hit": names_a_key_word(reply, keys) for name, reply in replies.items()}
         rows.append({"question": question, **replies, **hits})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
