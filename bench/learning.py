@@ -94,9 +94,10 @@ class ScriptedRewardJudge:
         # Only the next-state part of the judge prompt: the context above it may quote an earlier correction.
         marker = text.rfind("## Next state")
         next_state = text[marker:] if marker >= 0 else text
-        if SCRIPT.correction in next_state or SCRIPT.wrong in next_state:
+        reaction = user_reaction(next_state)
+        if reaction in ("correction", "wrong"):
             return "The user corrects the reply. \\boxed{-1}"
-        if SCRIPT.thanks.split("{", 1)[0] in next_state:
+        if reaction == "thanks":
             return "The user moves on. \\boxed{1}"
         return "\\boxed{0}"
 
@@ -238,6 +239,61 @@ def summarize(observed: Observed, rows: list[tuple], started: float, ended: floa
         print("no step recorded a reward (nothing was judged ±1, or no step ran): see the judge/trainer stats above")
 
 
+def user_reaction(next_text: str) -> str | None:
+    """Which of the script's lines a next state is (``correction``, ``wrong`` or ``thanks``), else None."""
+    if SCRIPT.correction in next_text:
+        return "correction"
+    if SCRIPT.wrong in next_text:
+        return "wrong"
+    if SCRIPT.thanks.split("{", 1)[0] in next_text:
+        return "thanks"
+    return None
+
+
+def judge_readout(scored: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    """How the judge scored each kind of user reaction in a run: ``(reaction, score)`` pairs -> per reaction the
+    count and the shares scored below 0, exactly 0 (masked under the margin) and above 0."""
+    table: dict[str, dict[str, float]] = {}
+    for reaction in ("correction", "wrong", "thanks"):
+        scores = [score for kind, score in scored if kind == reaction]
+        if scores:
+            table[reaction] = {
+                "n": len(scores),
+                "negative": sum(s < 0 for s in scores) / len(scores),
+                "masked": sum(s == 0 for s in scores) / len(scores),
+                "positive": sum(s > 0 for s in scores) / len(scores),
+            }
+    return table
+
+
+def judged_reactions(store: Any) -> list[tuple[str, float]]:
+    """``(reaction, score)`` for every main-line turn the judge scored whose next state is one of the script's lines:
+    the judge's accuracy on this run's own turns (the users know what they meant)."""
+    from openclaw_cli.judge import JUDGE_CONSUMER
+
+    pairs = []
+    for turn in store.iter_turns(turn_type="main"):
+        verdict = store.result_of(JUDGE_CONSUMER, turn.id)
+        score = verdict.get("score") if isinstance(verdict, dict) else None
+        text = " ".join(str(m.get("content", "")) for m in turn.next_state or [])
+        reaction = user_reaction(text)
+        if reaction is not None and isinstance(score, int | float):
+            pairs.append((reaction, float(score)))
+    return pairs
+
+
+def print_judge_readout(table: dict[str, dict[str, float]]) -> None:
+    if not table:
+        print("judge on this run's turns: nothing judged")
+        return
+    parts = [
+        f"{reaction} n={int(row['n'])}: {100 * row['negative']:.0f}% < 0, {100 * row['masked']:.0f}% masked, "
+        f"{100 * row['positive']:.0f}% > 0"
+        for reaction, row in table.items()
+    ]
+    print("judge on this run's turns (by the user's reply): " + "; ".join(parts))
+
+
 @dataclass
 class HeldOut:
     """Replies to the held-out questions (temperature 0) and their measures."""
@@ -348,6 +404,7 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
             f"{trainer.stats.last_error}); served version {backend.current_version().version}"
         )
         held_back = gate.guard.held if gate is not None and gate.guard is not None else 0
+        print_judge_readout(judge_readout(await asyncio.to_thread(judged_reactions, store)))
         if plot_dir is not None and rows:
             from openclaw_cli.eval import plot_reward_over_steps
 
