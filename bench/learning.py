@@ -13,7 +13,7 @@ Scripted users (a :class:`Script`, ``--script FILE``; default ``bench/scripts/br
 questions over the OpenAI API with an ``X-Session-Id`` and want brevity: a reply over ``--max-words`` words gets the
 script's correction, a short one that misses the point gets its "wrong" line, a good one gets thanks and the next
 question. Per training step the script prints the judge's mean reward and the share of good replies (the users' own
-rule).
+rule); after each run, how the judge scored that run's turns by what the user replied (correction, "wrong", thanks).
 
 The learning claim is measured on the script's held-out questions, never asked in training, at temperature 0: before
 training plain and *told* (the script's instruction added to the question), and after training plain.
