@@ -270,12 +270,13 @@ def judged_reactions(store: Any) -> list[tuple[str, float]]:
     """``(reaction, score)`` for every main-line turn the judge scored whose next state is one of the script's lines:
     the judge's accuracy on this run's own turns (the users know what they meant)."""
     from openclaw_cli.judge import JUDGE_CONSUMER
+    from openclaw_cli.tokenizer import flatten_content
 
     pairs = []
     for turn in store.iter_turns(turn_type="main"):
         verdict = store.result_of(JUDGE_CONSUMER, turn.id)
         score = verdict.get("score") if isinstance(verdict, dict) else None
-        text = " ".join(str(m.get("content", "")) for m in turn.next_state or [])
+        text = " ".join(flatten_content(m.get("content")) for m in turn.next_state or [])
         reaction = user_reaction(text)
         if reaction is not None and isinstance(score, int | float):
             pairs.append((reaction, float(score)))
