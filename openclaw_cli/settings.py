@@ -168,6 +168,17 @@ class TrainSettings(_Section):
     demo_max_tokens: int = Field(
         128, ge=1, le=4096, description="Token budget of a hindsight demonstration (a cut-off one is dropped)."
     )
+    loop_probes: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Loop probe: each step, greedy replies of the current policy to this many of the batch's prompts; "
+        "one that runs into a loop (repeats one span to the token budget) has its first repetition trained with "
+        "advantage -1 (0 = off). See openclaw_cli/loop_probe.py; measured in docs/learning.md.",
+    )
+    loop_probe_tokens: int = Field(
+        64, ge=8, le=4096, description="Token budget of a loop probe's greedy reply (a loop must reach it to count)."
+    )
     collapse_guard: bool = Field(
         True,
         description="Probe each new version (repetition, empty replies, KL to base) before it serves; a failing "

@@ -67,6 +67,7 @@ from openclaw_cli.algorithms import (
 )
 from openclaw_cli.backend import Backend
 from openclaw_cli.hindsight_demos import DemoReplay, hindsight_demo
+from openclaw_cli.loop_probe import probe_loops
 from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -142,6 +143,10 @@ def list_checkpoints(state_dir: Path) -> list[tuple[int, Path]]:
         if match and (path / _STATE_FILE).is_file():
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+async def _nothing() -> list[TrainSample]:
+    return []
 
 
 class TrainerLoop:
@@ -377,10 +382,21 @@ class TrainerLoop:
             log.info("batch of %d turns has no usable signal (%s); no step", len(batch), method)
             await self._complete(batch, {"trained": False, "reason": "no usable signal", "stale": stale})
             return None
-        # Replays only ride along a step the batch earns itself: a batch without signal stays no step.
-        replays = await self._replay.due(self.backend, current_version) if len(self._replay) else []
-        if replays:
-            samples += replays
+        # Replays and loop probes only ride along a step the batch earns itself: a batch without signal stays no step.
+        replays, loops = await asyncio.gather(
+            self._replay.due(self.backend, current_version) if len(self._replay) else _nothing(),
+            probe_loops(
+                self.backend,
+                samples,
+                probes=train.loop_probes,
+                max_tokens=train.loop_probe_tokens,
+                version=current_version,
+            )
+            if train.loop_probes
+            else _nothing(),
+        )
+        if replays or loops:
+            samples += replays + loops
             datums, trained_ids = build_datums(
                 samples, method, train, current_version=current_version, baseline=baseline
             )
@@ -409,6 +425,7 @@ class TrainerLoop:
             "teacher_hints": sum(1 for s in samples if s.teacher_logprobs is not None),
             "demos": sum(1 for s in samples if s.demo_weight is not None and not s.replayed),
             "replayed_demos": len(replays),
+            "loops": len(loops),
             "grad_norm": optim.metrics.get("grad_norm"),
             "lr": train.lr,
             "method": method,

@@ -120,6 +120,7 @@ class World:
         # These tests check the RL advantages by hand; the KL anchor has its own tests (test_algorithms.py).
         train.setdefault("kl_coef", 0.0)
         train.setdefault("collapse_guard", False)
+        train.setdefault("loop_probes", 0)  # the double's greedy replies never loop; the probe has its own test
         self.settings = Settings(
             train=TrainSettings(**train), local=LocalSettings(state_dir=tmp_path / "ckpt"), method=method
         )
@@ -327,6 +328,35 @@ async def test_a_demonstration_is_replayed_rescored_in_later_steps_without_train
     world.ready_turn([25], score=1, hint="Thanks.")
     third = await loop.run_once()  # demo_replay=1: used up
     assert third is not None and third.metrics["replayed_demos"] == 0 and len(world.backend.datums[-1]) == 1
+    world.store.close()
+
+
+async def test_a_step_trains_the_first_repetition_of_a_looping_greedy_reply_beside_its_batch(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    world = World(tmp_path, tiny_tokenizer, "rl", batch_size=1, loop_probes=2, loop_probe_tokens=16)
+    loop = world.loop()
+    looping = [41, 42, 43, 44] * 4  # runs to the 16-token budget repeating one 4-token span
+
+    async def greedy(prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
+        world.backend.calls.append(("sample", (list(prompt), params.temperature, version)))
+        return SampleResult(tokens=looping, logprobs=[-0.2] * 16, finish_reason="length", version=0)
+
+    world.backend.sample = greedy  # type: ignore[method-assign]
+    turn = world.ready_turn([21, 22], score=1)
+    report = await loop.run_once()
+    assert report is not None and report.metrics["loops"] == 1 and report.trained_turn_ids == [turn]
+    assert world.backend.called("sample") == [(PROMPT, 0.0, 0)]  # the turn's own prompt, greedy, current version
+    fresh, probe = world.backend.datums[-1]
+    assert probe.model_input == [*PROMPT, 41, 42, 43, 44, 41, 42, 43]  # the first repetition follows the first span
+    assert completion_part(fresh, "advantages") == pytest.approx([1.0 / 2 / 2] * 2)  # reward 1, per-sample mean
+    assert probe.loss_fn_inputs["advantages"][-4:] == pytest.approx([-1.0 / 4 / 2] * 4)
+    assert probe.loss_fn_inputs["logprobs"][-4:] == pytest.approx([-0.2] * 4)
+
+    # A batch without signal stays no step: the probe does not even run.
+    world.backend.calls.clear()
+    world.ready_turn([23], score=0)
+    assert await loop.run_once() is None and not world.backend.called("sample")
     world.store.close()
 
 

@@ -33,6 +33,9 @@ class TrainSample:
     demo_weight: float | None = None
     # A demonstration trained again in a later step (DemoReplay): its turn was trained before and is not again.
     replayed: bool = False
+    # Explicit per-token advantages (a loop probe's repetition, openclaw_cli/loop_probe.py): trained as they are, no
+    # KL anchor; the sample rides along its turn's step and never counts as a trained turn of its own.
+    token_advantages: list[float] | None = None
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
@@ -41,6 +44,10 @@ def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
 
 
 def _advantages(sample: TrainSample, method: Method, train: TrainSettings, baseline: float) -> list[float] | None:
+    if sample.token_advantages is not None:
+        if len(sample.token_advantages) != len(sample.completion_tokens):
+            raise ValueError(f"turn {sample.turn_id}: advantages and completion tokens differ in length")
+        return list(sample.token_advantages) if any(sample.token_advantages) else None
     if sample.demo_weight is not None:
         return [sample.demo_weight] * len(sample.completion_tokens) if sample.demo_weight else None
     advantages = _signal(sample, method, train, baseline)
@@ -102,7 +109,7 @@ def build_datums(
       pushes an "ambiguous" turn down by how much better than that the policy usually does.
     - A batch in which every advantage is 0 gives no datums: a step without signal publishes nothing.
     - A hindsight demonstration (``demo_weight`` set) gets that constant advantage on every token, whatever the
-      method, and no KL anchor.
+      method, and no KL anchor; a sample with ``token_advantages`` (a loop probe's) gets exactly those.
     - KL anchor (``train.kl_coef``): a sample with signal and ``base_logprobs`` gets
       ``-kl_coef * (log pi_old - log pi_base)`` added to each token's advantage (:func:`kl_anchored`).
     - Loss normalisation (``train.loss_norm``): backends sum over tokens, so the advantages are scaled here.
@@ -147,4 +154,5 @@ def build_datums(
             )
         )
     # A turn and its demonstration are one trained turn; a replayed demonstration's turn was trained in its own step.
-    return datums, list(dict.fromkeys(sample.turn_id for sample, _ in kept if not sample.replayed))
+    trained = (sample.turn_id for sample, _ in kept if not sample.replayed and sample.token_advantages is None)
+    return datums, list(dict.fromkeys(trained))
