@@ -194,7 +194,7 @@ async def report_steps(store: Any, observed: Observed, started: float, stop: asy
     last_time = started
     print(
         f"{'step':>5}{'version':>8}{'t (s)':>8}{'reward':>9}{'good %':>9}{'replies':>9}{'loss':>10}"
-        f"{'samples':>9}{'demos':>7}{'replay':>8}  {'s score/train/publish':>22}"
+        f"{'samples':>9}{'demos':>7}{'replay':>8}{'loops':>7}  {'s score/train/publish':>22}"
     )
     while True:
         steps = await asyncio.to_thread(store.steps)
@@ -205,7 +205,7 @@ async def report_steps(store: Any, observed: Observed, started: float, stop: asy
                 f"{step:>5}{version if version is not None else '-':>8}{created_at - started:>8.0f}"
                 f"{_fmt(reward, '{:>+9.2f}')}{_fmt(None if share is None else 100 * share, '{:>9.0f}')}{n:>9}"
                 f"{_fmt(metrics.get('loss'), '{:>10.4f}')}{metrics.get('n_samples', 0):>9}"
-                f"{metrics.get('demos', 0):>7}{metrics.get('replayed_demos', 0):>8}"
+                f"{metrics.get('demos', 0):>7}{metrics.get('replayed_demos', 0):>8}{metrics.get('loops', 0):>7}"
                 f"  {_seconds(metrics.get('seconds')):>22}"
             )
             rows.append((step, reward, share, n))
