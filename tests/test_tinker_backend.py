@@ -100,7 +100,8 @@ async def wait_until(predicate: Any, timeout_s: float = 20.0) -> None:
 async def test_trainer_datums_carry_the_stored_tokens_logprobs_and_advantages(
     double: TinkerDouble, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = tinker_settings(tiny_model_dir, tmp_path)
+    # No loop probe: the tiny model's greedy replies loop, and the probe's samples would join the judged two.
+    settings = tinker_settings(tiny_model_dir, tmp_path, loop_probes=0)
     backend = await started(double, settings)
     store = Store(settings.store.path)
     try:
