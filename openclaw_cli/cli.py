@@ -15,7 +15,7 @@ import io
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, cast
 
 import click
 import typer
@@ -166,6 +166,21 @@ def _lazy_typer_command(name: str, module: str, attr: str) -> Callable[[], Any]:
     return load
 
 
+def _lazy_typer_group(name: str, module: str, attr: str) -> Callable[[], Any]:
+    """A loader for a typer app ``module.attr`` (a command with subcommands) registered as ``name``."""
+
+    def load() -> Any:
+        try:
+            group = optional_attr(module, attr, f"{name} (openclaw {name})")
+        except CliFailure as exc:
+            return _unavailable_command(name, str(exc))
+        command = typer.main.get_command(cast(typer.Typer, group))
+        command.name = name
+        return command
+
+    return load
+
+
 def _unavailable_command(name: str, reason: str) -> click.Command:
     def refuse(**_: Any) -> NoReturn:
         raise CliFailure(reason)
@@ -184,6 +199,7 @@ LAZY_COMMANDS: dict[str, Callable[[], Any]] = {
     "connect": _lazy_typer_command("connect", "openclaw_cli.connect", "connect_command"),
     "train": _lazy_typer_command("train", "openclaw_cli.env_training.cli", "train_command"),
     "rollback": _lazy_typer_command("rollback", "openclaw_cli.rollback", "rollback_command"),
+    "lessons": _lazy_typer_group("lessons", "openclaw_cli.commands.lessons", "lessons_app"),
 }
 
 

@@ -212,7 +212,43 @@ def check_mark(ok: bool) -> Text:
 
 
 def has_api_key(settings: Settings) -> bool:
-    return settings.api_key is not None and bool(settings.api_key.get_secret_value())
+    return bool(settings.accepted_api_keys())
+
+
+def call_server(
+    settings: Settings, method: str, path: str, body: dict[str, Any] | None = None, *, timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """One call to the running server on ``host:port`` with the configured API key (the first one: the CLI acts as
+    that key's owner); its error (in OpenAI's format) becomes a CliFailure with its message (exit 2 for a 400/404)."""
+    import httpx
+
+    where = f"{settings.host}:{settings.port}"
+    url = f"http://{connect_host(settings.host)}:{settings.port}{path}"
+    keys = settings.accepted_api_keys()
+    headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+    try:
+        timeout = httpx.Timeout(timeout_s, connect=5.0)
+        with httpx.Client(timeout=timeout, trust_env=not is_loopback(settings.host)) as client:
+            response = client.request(method, url, headers=headers, json=body)
+    except httpx.ConnectError:
+        raise CliFailure(f"no openclaw server on {where} (start one with `openclaw launch`)") from None
+    except httpx.TimeoutException:
+        raise CliFailure(f"the server on {where} did not answer {method} {path} in time") from None
+    except httpx.HTTPError as exc:
+        raise CliFailure(f"cannot reach the server on {where}: {type(exc).__name__}: {exc}") from None
+    try:
+        payload = response.json()
+    except ValueError:
+        raise CliFailure(f"the server on {where} is not an openclaw server (no JSON at {path})") from None
+    if 200 <= response.status_code < 300:
+        return payload
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    message = message or f"HTTP {response.status_code}"
+    if response.status_code == 401:
+        raise CliFailure(f"the server on {where} refused the API key: {message} (set api_key / OPENCLAW_API_KEY)")
+    refused = response.status_code in (400, 404)
+    raise CliFailure(f"the server on {where}: {message}", EXIT_REFUSED if refused else EXIT_FAILED)
 
 
 def begin_service(settings: Settings, doing: str, detail: str) -> None:

@@ -92,10 +92,13 @@ async def hindsight_demo(
     weight: float,
     max_tokens: int,
     version: int,
+    plain_prompt: list[int] | None = None,
+    consolidates: tuple[int, ...] = (),
 ) -> TrainSample | None:
     """The base model's reply to ``hinted_prompt`` (``turn``'s conversation with ``hint``, as the OPD teacher reads
     it) as a positive sample without the hint, or None when it cannot be written or is not usable (see the module
-    docstring)."""
+    docstring). ``plain_prompt``: the conversation without the hint, when it is not the turn's prompt as served (a
+    turn served with lessons, whose demonstration distils them: ``consolidates`` names them)."""
     try:
         reply = await backend.sample(
             hinted_prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), version=BASE_VERSION
@@ -114,7 +117,7 @@ async def hindsight_demo(
             text[:80],
         )
         return None
-    prompt = list(turn.prompt_tokens)
+    prompt = list(turn.prompt_tokens) if plain_prompt is None else list(plain_prompt)
     tokens = prompt + list(reply.tokens)
     try:
         base, current = await asyncio.gather(
@@ -141,6 +144,7 @@ async def hindsight_demo(
         sampler_logprobs=logprobs,
         version=version,
         demo_weight=weight,
+        consolidates=consolidates,
     )
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from openclaw_cli.judge import JudgeClient, JudgeLoop
+    from openclaw_cli.learn.lessons import LessonKeeper
     from openclaw_cli.promotion import PromotionGate
     from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
@@ -80,6 +81,7 @@ class Runtime:
     started_at: float = field(default_factory=time.time)
     errors: list[str] = field(default_factory=list)
     gate: PromotionGate | None = None
+    lessons: LessonKeeper | None = None
 
     def __post_init__(self) -> None:
         self.app = cast("Starlette", self.server.config.app)
@@ -125,6 +127,7 @@ class Runtime:
                 "last_error": trainer.last_error,
             },
             "promotion": self.gate.status() if self.gate is not None else {"enabled": False},
+            "lessons": self.lessons.status() if self.lessons is not None else {"enabled": False},
         }
 
     @property
@@ -218,12 +221,16 @@ async def launch(
         if gate is not None:
             trainer.publisher = gate.publish
         await trainer.resume()
-        app = create_app(backend, sink, settings)
+        from openclaw_cli.learn.lessons import lesson_keeper
+
+        keeper = lesson_keeper(store, backend, settings)
+        app = create_app(backend, sink, settings, lessons=keeper.book, lesson_desk=keeper)
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=30
         )
         runtime = Runtime(settings, backend, store, sink, judge, trainer, _Server(config))
         runtime.gate = gate
+        runtime.lessons = keeper
         app.state.proxy.status_sections["loops"] = runtime.loop_status
         await _run(runtime, sock, stop, ui=ui, on_ready=on_ready)
     finally:
@@ -234,6 +241,16 @@ async def launch(
         finally:
             if store is not None:
                 store.close()
+
+
+def _lesson_tasks(keeper: LessonKeeper | None, halt: asyncio.Event) -> dict[str, asyncio.Task[None]]:
+    """The lesson loop and the book's refresh (lessons changed by another process, e.g. an edit of the store)."""
+    if keeper is None:
+        return {}
+    tasks = {"lesson-book": asyncio.create_task(keeper.book.run(halt), name="openclaw-lesson-book")}
+    if keeper.settings.lessons.enabled:
+        tasks["lessons"] = asyncio.create_task(keeper.run(halt), name="openclaw-lessons")
+    return tasks
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -276,6 +293,7 @@ async def _run(
         "expire": asyncio.create_task(_expire_idle(runtime, halt), name="openclaw-expire"),
         "judge": asyncio.create_task(runtime.judge.run(halt), name="openclaw-judge"),
         "train": asyncio.create_task(runtime.trainer.run(halt), name="openclaw-train"),
+        **_lesson_tasks(runtime.lessons, halt),
         # store.retention_days: hourly after the start-up purge above (returns at once when retention is off)
         "retention": asyncio.create_task(
             retention_loop(runtime.store, runtime.settings, halt, run_first=False), name="openclaw-retention"

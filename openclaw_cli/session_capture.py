@@ -54,7 +54,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,22 +82,45 @@ class SessionIdentity:
 
 
 def session_identity(exchange: CapturedExchange) -> SessionIdentity:
+    scope, source = client_session_scope(exchange.headers, exchange.request)
+    return SessionIdentity(scope, source)
+
+
+def client_session_scope(headers: Mapping[str, str], request: Mapping[str, Any]) -> tuple[str, str]:
+    """The client's own session id and where it came from (see the module docstring), or ("", "inferred");
+    ``headers``: a mapping that finds lower-cased names."""
     for name in SESSION_HEADERS:
-        value = (exchange.headers.get(name) or "").strip()
+        value = (headers.get(name) or "").strip()
         if value:
-            return SessionIdentity(value, f"header:{name}")
-    user = exchange.request.get("user")
+            return value, f"header:{name}"
+    user = request.get("user")
     if isinstance(user, str) and user.strip():
-        return SessionIdentity(user.strip(), "openai:user")
-    cache_key = exchange.request.get("prompt_cache_key")
+        return user.strip(), "openai:user"
+    cache_key = request.get("prompt_cache_key")
     if isinstance(cache_key, str) and cache_key.strip():
-        return SessionIdentity(cache_key.strip(), "openai:prompt_cache_key")
-    metadata = exchange.request.get("metadata")
+        return cache_key.strip(), "openai:prompt_cache_key"
+    metadata = request.get("metadata")
     if isinstance(metadata, dict):
         user_id = metadata.get("user_id")
         if isinstance(user_id, str) and user_id.strip():
-            return SessionIdentity(user_id.strip(), "anthropic:metadata.user_id")
-    return SessionIdentity(INFERRED_SCOPE, "inferred")
+            return user_id.strip(), "anthropic:metadata.user_id"
+    return INFERRED_SCOPE, "inferred"
+
+
+def likely_main_line(headers: Mapping[str, str], turn_type_hint: str | None, messages: Sequence[Message]) -> bool:
+    """Before the reply exists, whether a request will be a main-line turn as far as the request alone tells: not
+    when marked side (header ``x-turn-type``, the model ``openclaw-side``) or when it reads like an app's background
+    task (the last user message, or a one-shot request's short system prompt, asks for a title/summary/tags of the
+    conversation). The serving path uses it to keep lessons out of side requests."""
+    asked = (headers.get(TURN_TYPE_HEADER) or "").strip().lower()
+    if asked in ("main", "side"):
+        return asked == "main"
+    if turn_type_hint == "side":
+        return False
+    if not _has_assistant(messages):
+        return not looks_auxiliary(_one_shot_texts(messages))
+    users = [m for m in messages if m.get("role") == "user"]
+    return not (users and looks_auxiliary([_text_of(users[-1])]))
 
 
 def requested_turn_type(exchange: CapturedExchange) -> tuple[TurnType, str] | None:

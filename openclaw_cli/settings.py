@@ -202,6 +202,53 @@ class TrainSettings(_Section):
     gate_max_tokens: int = Field(256, ge=1, description="Promotion gate: reply budget per evaluated prompt.")
 
 
+class LessonSettings(_Section):
+    """Lessons: a user's correction of how the bot answers, kept as a standing instruction (docs/lessons.md)."""
+
+    enabled: bool = Field(
+        True,
+        description="Find lessons in the users' corrections, verify them, serve them in main-line prompts, distil "
+        "them into the weights and retire them once learned.",
+    )
+    scope: Literal["owner", "session"] = Field(
+        "owner",
+        description="Whose lessons a request gets: owner = its API key (one owner for the server when no key is "
+        "set); session = its session scope (X-Session-Id and the like), for servers shared by several people "
+        "without keys.",
+    )
+    max_active: int = Field(4, ge=1, le=64, description="Active lessons per owner; the oldest retires past it.")
+    max_tokens: int = Field(
+        96, ge=8, le=2048, description="Token budget of one owner's lesson block; a lesson that does not fit waits."
+    )
+    max_chars: int = Field(300, ge=20, le=4000, description="Longest correction kept as a lesson (characters).")
+    verify_prompts: int = Field(
+        3,
+        ge=1,
+        le=16,
+        description="Recent prompts of the same owner (not the one corrected) a candidate is tried on before it "
+        "becomes active.",
+    )
+    verify_max_tokens: int = Field(64, ge=8, le=1024, description="Reply budget of each verification reply.")
+    retire_gap: float = Field(
+        1.0,
+        gt=0.0,
+        description="Retire a lesson when the plain prompt explains its replies nearly as well as the prompt with "
+        "it: the median over the turns it shaped of log p(reply | with) - log p(reply | plain), in nats per reply, "
+        "under the current policy, is at most this.",
+    )
+    return_gap: float = Field(
+        2.0, gt=0.0, description="A retired lesson whose gap has grown past this (the behaviour slipped) comes back."
+    )
+    min_shaped: int = Field(
+        3, ge=1, le=256, description="Turns a lesson must have shaped before it can retire (its evidence)."
+    )
+    consolidate: bool = Field(
+        True,
+        description="Train each turn served with lessons as a demonstration for the same conversation without "
+        "them (context distillation through the hindsight-demonstration loss).",
+    )
+
+
 class StoreSettings(_Section):
     path: Path = Field(Path(".openclaw/store.sqlite3"), description="SQLite database (WAL, mode 0600).")
     retention_days: int | None = Field(
@@ -406,6 +453,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=1, le=65535)
     api_key: SecretStr | None = Field(None, description="Required for any non-loopback bind.")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="More accepted keys, one per person: each key is an owner of its own lessons.",
+    )
     method: Literal["rl", "opd", "combined"] = Field(
         "opd",
         description="rl = Binary RL on the judge's reward; opd = On-Policy Distillation from hints (the user's own "
@@ -416,6 +467,7 @@ class Settings(BaseSettings):
     lora: LoraSettings = Field(default_factory=LoraSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    lessons: LessonSettings = Field(default_factory=LessonSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     tinker: TinkerSettings = Field(default_factory=TinkerSettings)
     fireworks: FireworksSettings = Field(default_factory=FireworksSettings)
@@ -426,6 +478,11 @@ class Settings(BaseSettings):
         description="Sections of third-party backends, [plugins.<backend name>]: each backend validates its own "
         "with openclaw_cli.backend.plugin_settings. Secret-looking keys are masked wherever settings are shown.",
     )
+
+    def accepted_api_keys(self) -> list[str]:
+        """Every key the proxy accepts (``api_key`` first, then ``api_keys``), blanks left out."""
+        keys = [self.api_key, *self.api_keys] if self.api_key is not None else list(self.api_keys)
+        return [value for value in (key.get_secret_value().strip() for key in keys) if value]
 
     @field_validator("backend")
     @classmethod

@@ -67,6 +67,7 @@ from openclaw_cli.algorithms import (
 )
 from openclaw_cli.backend import Backend
 from openclaw_cli.hindsight_demos import DemoReplay, hindsight_demo
+from openclaw_cli.lesson_prompt import lesson_block, served_lessons, with_lessons
 from openclaw_cli.loop_probe import probe_loops
 from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
@@ -426,6 +427,7 @@ class TrainerLoop:
             "demos": sum(1 for s in samples if s.demo_weight is not None and not s.replayed),
             "replayed_demos": len(replays),
             "loops": len(loops),
+            "lesson_demos": sum(1 for s in samples if s.consolidates and not s.replayed),
             "grad_norm": optim.metrics.get("grad_norm"),
             "lr": train.lr,
             "method": method,
@@ -529,6 +531,12 @@ class TrainerLoop:
             if verdict is None:
                 verdict = await asyncio.to_thread(self.store.result_of, JUDGE_CONSUMER, turn.id)
             verdict = verdict if isinstance(verdict, dict) else {}
+            # The user's own rating (POST /v1/openclaw/feedback) overrides the judge; its text is the hint.
+            rated = await asyncio.to_thread(self.store.feedback_for, turn.id)
+            if rated is not None:
+                verdict = {**verdict, "score": float(rated[0]), "source": "feedback"}
+                if rated[1]:
+                    verdict["hint"] = rated[1]
             score = verdict.get("score", turn.reward)
             reward = float(score) if isinstance(score, int | float) else None
             if reward is not None:
@@ -566,6 +574,9 @@ class TrainerLoop:
                             version=self.backend.current_version().version,
                         )
                     )
+            consolidation = self._consolidation(turn)
+            if consolidation is not None:
+                demos.append(consolidation)
             base = None
             if self.settings.train.kl_coef > 0 and turn.version != 0:  # version 0 is the base: the penalty is 0
                 base = await self._base_logprobs(turn)
@@ -587,10 +598,36 @@ class TrainerLoop:
         samples += [demo for demo in await asyncio.gather(*demos) if demo is not None]
         return samples, rewards, unusable
 
-    def _hinted_prompt(self, turn: TurnRecord, hint: str) -> list[int] | None:
-        """The OPD teacher's prompt (the conversation with the hint), rendered; None (logged) when it cannot be."""
+    def _consolidation(self, turn: TurnRecord) -> Awaitable[TrainSample | None] | None:
+        """For a turn served with lessons (``lessons.consolidate``): the base model's reply to the prompt as served,
+        as a demonstration for the same conversation without the lessons (context distillation); None otherwise."""
+        served = served_lessons(turn)
+        train = self.settings.train
+        if not served or not self.settings.lessons.consolidate or train.demo_weight <= 0:
+            return None
         try:
-            return self.backend.tokenizer().render(teacher_messages(turn.messages, hint), turn.tools)
+            plain = self.backend.tokenizer().render(turn.messages, turn.tools)
+        except Exception as exc:
+            log.warning("turn %d: cannot render its plain prompt for the lessons' demonstration: %s", turn.id, exc)
+            return None
+        return hindsight_demo(
+            self.backend,
+            turn,
+            lesson_block([text for _, text in served]),
+            list(turn.prompt_tokens),
+            weight=train.demo_weight,
+            max_tokens=train.demo_max_tokens,
+            version=self.backend.current_version().version,
+            plain_prompt=plain,
+            consolidates=tuple(lesson_id for lesson_id, _ in served),
+        )
+
+    def _hinted_prompt(self, turn: TurnRecord, hint: str) -> list[int] | None:
+        """The OPD teacher's prompt (the conversation as served, lessons included, with the hint), rendered; None
+        (logged) when it cannot be."""
+        try:
+            messages = with_lessons(turn.messages, [text for _, text in served_lessons(turn)])
+            return self.backend.tokenizer().render(teacher_messages(messages, hint), turn.tools)
         except Exception as exc:
             log.warning("turn %d: cannot render the OPD teacher's prompt (%s); using its reward only", turn.id, exc)
             return None

@@ -84,7 +84,7 @@ def make_proxy(tiny_tokenizer, tmp_path: Path) -> Iterator[Callable[..., Proxy]]
 # A valid request per route, for the "right key gets through" half. A route missing here still gets the 401 checks;
 # the right-key check then only asserts the key was accepted (any status but 401).
 VALID_BODY: dict[str, Any] = {CHAT: OPENAI_OK, MESSAGES: ANTHROPIC_OK, COUNT: {"model": "openclaw", "messages": USER}}
-PATH_VALUES = {"model_id": "openclaw", "session_id": "sess-1"}
+PATH_VALUES = {"model_id": "openclaw", "session_id": "sess-1", "lesson_id": "1"}
 
 
 def _concrete(path: str) -> str:

@@ -36,6 +36,9 @@ class TrainSample:
     # Explicit per-token advantages (a loop probe's repetition, openclaw_cli/loop_probe.py): trained as they are, no
     # KL anchor; the sample rides along its turn's step and never counts as a trained turn of its own.
     token_advantages: list[float] | None = None
+    # A demonstration that distils lessons (openclaw_cli/learn/lessons.py): the ids of the lessons its turn was served
+    # with; the completion is the base model's reply with them, trained as the reply to the conversation without.
+    consolidates: tuple[int, ...] = ()
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:

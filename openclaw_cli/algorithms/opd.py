@@ -7,39 +7,20 @@ reference method's current recipe) so a few surprising tokens cannot dominate a 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from openclaw_cli.tokenizer import flatten_content
+from openclaw_cli.instructions import INSTRUCTION_HEADER, with_instruction
 
-HINT_HEADER = "[user's hint / instruction]"
+HINT_HEADER = INSTRUCTION_HEADER
 LOGRATIO_CLAMP = 20.0
 
 
 def teacher_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """The teacher's context: the same conversation with the hint where the model follows it best.
-
-    For the first reply to a conversation (no assistant message in it yet) the hint is an instruction in the system
-    message (appended to it, or a new one in front): read that way, SmolLM2's greedy answers to the 16 training
-    questions of ``bench/learning.py`` with the user's "too long" correction as the hint averaged 16 words and hit the
-    answer's keyword in 13 of 16; appended to the question, 13 words but only 9 of 16 ('The answer is "No, that is too
-    long."'; ``bench/hint_placement.py``). Once the conversation holds a reply of the model's own, a system-message
-    hint makes it copy that reply (41 words), so there the hint goes after the last user message."""
+    """The teacher's context: the same conversation with the hint where the model follows it best (placed by
+    :func:`openclaw_cli.instructions.with_instruction`, as the proxy places a user's lessons)."""
     if not hint.strip():
         raise ValueError("an OPD hint must not be empty")
-    out = copy.deepcopy(messages)
-    users = [message for message in out if message.get("role") == "user"]
-    if not users:
-        raise ValueError("the conversation has no user message to attach the hint to")
-    quoted = f"{HINT_HEADER}\n{hint.strip()}"
-    if not any(message.get("role") == "assistant" for message in out):
-        if out[0].get("role") == "system":
-            out[0]["content"] = f"{flatten_content(out[0].get('content'))}\n\n{quoted}"
-        else:
-            out.insert(0, {"role": "system", "content": quoted})
-        return out
-    users[-1]["content"] = f"{flatten_content(users[-1].get('content'))}\n\n{quoted}"
-    return out
+    return with_instruction(messages, hint, HINT_HEADER)
 
 
 def opd_advantages(

@@ -20,7 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.capture import CaptureSink
-from openclaw_cli.proxy import anthropic_api, openai_api, responses_api
+from openclaw_cli.lesson_prompt import LessonBook
+from openclaw_cli.proxy import anthropic_api, lesson_routes, openai_api, responses_api
 from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
 from openclaw_cli.proxy.completion import output_cap, template_drops_tools
@@ -69,8 +70,18 @@ class _UnexpectedErrorMiddleware:
             await error_response(from_unexpected(exc), api_for_path(scope["path"]))(scope, receive, send)
 
 
-def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -> Starlette:
+def create_app(
+    backend: Backend,
+    sink: CaptureSink | None,
+    settings: Settings,
+    *,
+    lessons: LessonBook | None = None,
+    lesson_desk: Any = None,
+) -> Starlette:
     """The ASGI app serving ``backend`` (already started) and handing each completed reply to ``sink``.
+
+    ``lessons`` (the book of active lessons) and ``lesson_desk`` (what the lesson and feedback routes call) come from
+    whoever runs the learning loops; without them requests are served as sent and those routes answer 501.
 
     Raises :class:`~openclaw_cli.proxy.auth.ProxyConfigError` when ``settings.host`` is not loopback and no API key
     is set: an app meant for such a bind must carry a key whoever runs it.
@@ -79,13 +90,12 @@ def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -
     dependency injection and response models would only add per-request work on the hot path.
     """
     check_bind(settings)
-    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     app = Starlette(
         # Listed outermost first. The key check runs before the in-flight cap, so only requests that passed it
         # take an in-flight slot.
         middleware=[
             Middleware(_UnexpectedErrorMiddleware),
-            Middleware(ApiKeyMiddleware, api_key=api_key),
+            Middleware(ApiKeyMiddleware, api_key=settings.accepted_api_keys()),
             Middleware(
                 InFlightLimitMiddleware,
                 max_in_flight=settings.proxy.max_in_flight,
@@ -107,6 +117,8 @@ def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -
         recorder=CaptureRecorder(
             sink, timeout_s=settings.proxy.capture_timeout_s, max_backlog=settings.proxy.capture_max_backlog
         ),
+        lessons=lessons,
+        lesson_desk=lesson_desk,
     )
     # The generation endpoints first: the router tries routes in order.
     app.router.routes.extend(
@@ -115,6 +127,7 @@ def create_app(backend: Backend, sink: CaptureSink | None, settings: Settings) -
             *responses_api.routes,
             *anthropic_api.routes,
             *_control_routes(),
+            *lesson_routes.routes,
             *version_control_routes(app),
         ]
     )

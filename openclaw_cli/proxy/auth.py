@@ -18,7 +18,7 @@ Written as plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so streame
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,8 +38,7 @@ class ProxyConfigError(ValueError):
 
 def check_bind(settings: Settings) -> None:
     """Refuse to expose the proxy beyond this machine without an API key."""
-    has_key = settings.api_key is not None and bool(settings.api_key.get_secret_value().strip())
-    if not is_loopback(settings.host) and not has_key:
+    if not is_loopback(settings.host) and not settings.accepted_api_keys():
         raise ProxyConfigError(
             f"refusing to listen on {settings.host}: any bind other than 127.0.0.1 / localhost / ::1 needs an API "
             "key (set api_key in openclaw.toml or OPENCLAW_API_KEY); clients then send it as a Bearer token or "
@@ -62,27 +61,38 @@ def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return bearer
 
 
-def key_matches(presented: str | None, expected: str) -> bool:
+def key_matches(presented: str | None, expected: str | Sequence[str]) -> bool:
+    """Whether ``presented`` is one of the expected keys; every key is compared (no early exit) in constant time."""
     if presented is None:
         return False
-    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+    keys = [expected] if isinstance(expected, str) else list(expected)
+    given = presented.encode("utf-8")
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(given, key.encode("utf-8"))
+    return found
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: frozenset[str] = OPEN_PATHS) -> None:
+    """``api_key``: one key or several (``api_key`` + ``api_keys``, one per person); None or empty = no check."""
+
+    def __init__(
+        self, app: ASGIApp, api_key: str | Sequence[str] | None, open_paths: frozenset[str] = OPEN_PATHS
+    ) -> None:
         self.app = app
-        self.api_key = api_key or None
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+        self.api_keys = [key for key in keys if key]
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or self.api_key is None:
+        if scope["type"] not in ("http", "websocket") or not self.api_keys:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         presented = presented_key(scope.get("headers", []))
-        if key_matches(presented, self.api_key):
+        if key_matches(presented, self.api_keys):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":  # no websocket route exists; refuse before any router sees one

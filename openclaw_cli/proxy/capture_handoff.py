@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openclaw_cli.capture import CapturedExchange, CaptureSink, RecordedTurn
+from openclaw_cli.lesson_prompt import describe
 from openclaw_cli.proxy.api_call import ApiCall
 from openclaw_cli.secrets_scrub import scrub_headers
 from openclaw_cli.types import Message, SampleResult, TokenChunk
@@ -169,7 +170,13 @@ def build_exchange(
     """What capture stores of one reply (every API, streamed or not); the API records it before the client gets the
     reply's end."""
     req, prepared = call.req, call.prepared
-    metadata: dict[str, Any] = {"request_id": call.request_id, "endpoint": call.request.scope["path"]}
+    metadata: dict[str, Any] = {
+        "request_id": call.request_id,
+        "endpoint": call.request.scope["path"],
+        "owner": prepared.owner,
+    }
+    if prepared.lessons:  # the prompt as served: prompt_tokens were rendered with these in the lesson block
+        metadata["lessons"] = describe(prepared.lessons)
     if req.model.turn_type_hint is not None:
         metadata["turn_type"] = req.model.turn_type_hint
     if result.stop_sequence is not None:

@@ -16,6 +16,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, cast
 
 from openclaw_cli.backend import Backend, BackendError, ChatTokenizer
+from openclaw_cli.lesson_prompt import LOCAL_OWNER, ActiveLesson
 from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, ProxyError, from_backend_exception
 from openclaw_cli.tokenizer import THINK_OPEN, ChatTemplateError
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, SamplingParams, StreamEvent, ToolCall
@@ -39,12 +40,16 @@ class SamplingRequest:
 
 @dataclass
 class PreparedPrompt:
-    messages: list[Message]  # OpenAI format, exactly what was rendered
+    # The client's conversation in OpenAI format (what capture stores and pairs sessions on); ``prompt_tokens`` is
+    # rendered from it with ``lessons`` placed (see openclaw_cli.lesson_prompt) when there are any.
+    messages: list[Message]
     tools: list[dict[str, Any]] | None  # tools shown to the model (None = none)
     tools_offered: bool  # whether tool calls are parsed out of the reply
     prompt_tokens: list[int]
     params: SamplingParams
     starts_in_reasoning: bool  # the rendered prompt ends inside an open <think>
+    lessons: tuple[ActiveLesson, ...] = ()  # the owner's lessons placed in the prompt
+    owner: str = LOCAL_OWNER  # whose lessons these are (never an API key itself)
 
 
 # Below this much message text a render takes ~0.2 ms: less than handing it to a worker thread and back costs (and

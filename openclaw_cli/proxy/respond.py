@@ -14,7 +14,7 @@ how a body replays as its stream, its error frame and headers.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Generic
 
@@ -23,7 +23,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from openclaw_cli.capture import ApiKind
-from openclaw_cli.proxy.api_call import ApiCall, R
+from openclaw_cli.lesson_prompt import (
+    LESSONS_HEADER,
+    ActiveLesson,
+    lesson_block,
+    lessons_header_value,
+    lessons_wanted,
+    owner_of,
+    prompt_lessons,
+    with_lessons,
+)
+from openclaw_cli.proxy.api_call import ApiCall, ParsedRequest, R
+from openclaw_cli.proxy.auth import presented_key
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.completion import prepare_prompt
 from openclaw_cli.proxy.constraints import Sampled, sample_satisfying
@@ -32,6 +43,7 @@ from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE
 from openclaw_cli.proxy.state import ProxyState
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.session_capture import client_session_scope, likely_main_line
 
 Headers = Callable[[int], dict[str, str]]  # the API's response headers for a policy version
 
@@ -48,24 +60,53 @@ class ReplyFormat(Generic[R]):
 
 
 async def start_call(request: Request, state: ProxyState, req: R, *, api: ApiKind, request_id: str) -> ApiCall[R]:
-    """The parsed request with its prompt rendered and its reply budgeted under the proxy's limits (see
-    ``prepare_prompt``: a request that cannot fit raises its :class:`ProxyError`)."""
+    """The parsed request with its prompt rendered (with its owner's lessons, :func:`served_lessons`) and its reply
+    budgeted under the proxy's limits (see ``prepare_prompt``: a request that cannot fit raises its
+    :class:`ProxyError`)."""
+    owner, lessons = served_lessons(request, state, req)
     prepared = await prepare_prompt(
         state.backend,
-        req.messages,
+        with_lessons(req.messages, [lesson.text for lesson in lessons]),
         req.tools,
         tools_offered=req.tools_offered,
         sampling=req.sampling,
         default_max_tokens=state.settings.proxy.default_max_tokens,
         max_output_tokens=state.settings.proxy.max_output_tokens,
     )
+    prepared = replace(prepared, messages=req.messages, lessons=tuple(lessons), owner=owner)
     return ApiCall(api, request_id, request, state, req, prepared)
+
+
+def served_lessons(request: Request, state: ProxyState, req: ParsedRequest) -> tuple[str, list[ActiveLesson]]:
+    """The request's owner and the lessons it is served with: the owner's active lessons within
+    ``lessons.max_tokens``, for a request that is likely main-line and did not say ``x-openclaw-lessons: off``."""
+    headers = request.headers
+    scope, _ = client_session_scope(headers, req.body)
+    owner = owner_of(state.settings, presented_key(request.scope.get("headers", [])), scope)
+    if state.lessons is None:
+        return owner, []
+    tokenizer = state.backend.tokenizer()
+    budget = state.settings.lessons.max_tokens
+    lessons = prompt_lessons(
+        state.lessons,
+        owner,
+        wanted=lessons_wanted(headers),
+        main_line=likely_main_line(headers, req.model.turn_type_hint, req.messages),
+        fits=lambda texts: len(tokenizer.encode(lesson_block(texts))) <= budget,
+    )
+    return owner, lessons
+
+
+def lesson_headers(call: ApiCall[Any]) -> dict[str, str]:
+    return {LESSONS_HEADER: lessons_header_value(lesson.id for lesson in call.prepared.lessons)}
 
 
 async def answer(call: ApiCall[R], reply: ReplyFormat[R], n: int = 1) -> Response:
     """A live stream of the backend's tokens (``reply.live`` writes its frames) when the client streams and nothing
     has to be checked before it is sent; else the whole reply (JSON, or replayed as a stream)."""
     req = call.req
+    api_headers = reply.headers
+    reply = replace(reply, headers=lambda r, version: {**api_headers(r, version), **lesson_headers(call)})
     if req.stream and not req.constraints.active:
         opened = await open_stream(call.state, call.prepared, n)
         return stream_response(opened, reply.live(call, opened), partial(reply.headers, req))

@@ -53,10 +53,21 @@ async def serve(settings: Settings) -> None:
     expirer: asyncio.Task[None] | None = None
     retention: asyncio.Task[None] | None = None
     stop_retention = asyncio.Event()
+    lesson_tasks: list[asyncio.Task[None]] = []
     try:
         sink = SessionCapture(store, settings)
-        app = create_app(backend, sink, settings)
+        # The composition root of `serve`: the lesson keeper comes from the learning wing, as in `launch`.
+        from openclaw_cli.learn.lessons import lesson_keeper
+
+        keeper = lesson_keeper(store, backend, settings)
+        app = create_app(backend, sink, settings, lessons=keeper.book, lesson_desk=keeper)
         expirer = asyncio.create_task(_expire_idle_loop(sink, settings.proxy.expire_every_s))
+        # Lessons act under `serve` too: found in the users' corrections, verified, served (never retired: nothing
+        # trains here).
+        lesson_tasks += [
+            asyncio.create_task(keeper.book.run(stop_retention)),
+            *([asyncio.create_task(keeper.run(stop_retention))] if settings.lessons.enabled else []),
+        ]
         # store.retention_days: purge at start, then hourly (returns at once when retention is off)
         retention = asyncio.create_task(retention_loop(store, settings, stop_retention))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
@@ -70,8 +81,11 @@ async def serve(settings: Settings) -> None:
             expirer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await expirer
-        if retention is not None:
-            stop_retention.set()  # a purge in progress finishes its current batch first
+        stop_retention.set()
+        for task in lesson_tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, timeout=30)
+        if retention is not None:  # a purge in progress finishes its current batch first
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(retention, timeout=30)
         try:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.capture import CaptureSink
+from openclaw_cli.lesson_prompt import LessonBook
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
 from openclaw_cli.proxy.models import ModelCatalog
 from openclaw_cli.proxy.response_store import StoredResponses
@@ -68,6 +69,8 @@ class ProxyState:
     status_sections: dict[str, Callable[[], Any]] = field(default_factory=dict)
     status_reads: dict[str, Any] = field(default_factory=dict)  # section -> its read in progress (control.py)
     responses: StoredResponses = field(default_factory=StoredResponses)  # for previous_response_id
+    lessons: LessonBook | None = None  # active lessons by owner, placed in main-line prompts (lesson_prompt.py)
+    lesson_desk: Any = None  # what the lesson and feedback routes call (lesson_routes.LessonDesk), None = 501
 
     def lease(self) -> InFlightLease:
         self.in_flight += 1

@@ -10,6 +10,7 @@ from contextlib import suppress
 from typing import Any
 
 from openclaw_cli.store.ledger import StepLedger
+from openclaw_cli.store.lessons import LessonLedger
 from openclaw_cli.store.records import (
     SESSION_COLUMNS,
     TURN_COLUMNS,
@@ -22,7 +23,7 @@ from openclaw_cli.store.records import (
 )
 
 
-class Store(StepLedger):
+class Store(LessonLedger, StepLedger):
     """The SQLite store. ``create=False`` refuses to create a missing file (readers such as export)."""
 
     # reads ----------------------------------------------------------------------------------------------------------
@@ -159,6 +160,9 @@ class Store(StepLedger):
         marks = ",".join("?" * len(ids))
         for statement in (
             f"DELETE FROM prefix_index WHERE turn_id IN ({marks})",
+            f"DELETE FROM turn_owners WHERE turn_id IN ({marks})",
+            f"DELETE FROM lesson_uses WHERE turn_id IN ({marks})",
+            f"DELETE FROM feedback WHERE turn_id IN ({marks})",
             f"DELETE FROM claims WHERE turn_id IN ({marks})",
             f"UPDATE turns SET parent_turn_id = NULL WHERE parent_turn_id IN ({marks})",
             f"UPDATE sessions SET tail_turn_id = NULL WHERE tail_turn_id IN ({marks})",

@@ -144,6 +144,41 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX IF NOT EXISTS claims_turn ON claims(turn_id)",
         "CREATE INDEX IF NOT EXISTS prefix_index_turn ON prefix_index(turn_id)",
     ),
+    # 3 -> 4: lessons (see openclaw_cli.learn.lessons). Who each turn was served for, which lessons shaped it, the
+    # lessons with the evidence for every change of status, and the users' explicit ratings of turns.
+    (
+        """CREATE TABLE turn_owners (
+            turn_id INTEGER PRIMARY KEY REFERENCES turns(id),
+            owner TEXT NOT NULL               -- key:<hash> | local | session:<scope>; never a key itself
+        )""",
+        "CREATE INDEX turn_owners_owner ON turn_owners(owner, turn_id)",
+        """CREATE TABLE lessons (
+            id INTEGER PRIMARY KEY,
+            owner TEXT NOT NULL,
+            text TEXT NOT NULL,               -- the standing instruction, redacted like everything stored
+            status TEXT NOT NULL CHECK (status IN ('candidate', 'active', 'retired', 'rejected', 'forgotten')),
+            origin TEXT NOT NULL,             -- correction | feedback | user
+            source_turn_ids TEXT NOT NULL,    -- JSON list: the turns whose next state taught it
+            evidence TEXT NOT NULL,           -- JSON list of {at, status, why, ...}, oldest first
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "CREATE INDEX lessons_owner ON lessons(owner, status)",
+        """CREATE TABLE lesson_uses (
+            lesson_id INTEGER NOT NULL REFERENCES lessons(id),
+            turn_id INTEGER NOT NULL REFERENCES turns(id),
+            PRIMARY KEY (lesson_id, turn_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX lesson_uses_turn ON lesson_uses(turn_id)",
+        """CREATE TABLE feedback (
+            id INTEGER PRIMARY KEY,
+            turn_id INTEGER NOT NULL REFERENCES turns(id),
+            rating INTEGER NOT NULL CHECK (rating IN (-1, 1)),
+            text TEXT,                        -- redacted; a hint for the turn and a lesson candidate
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX feedback_turn ON feedback(turn_id)",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -134,7 +134,24 @@ class StoreTx:
         self._conn.execute(
             f"INSERT INTO turn_data ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})", tuple(data.values())
         )
+        self._record_lesson_context(turn_id, turn)
         return turn_id
+
+    def _record_lesson_context(self, turn_id: int, turn: NewTurn) -> None:
+        """Who the turn was served for and (main turns) which lessons shaped it: metadata ``owner`` and ``lessons``
+        (``[{"id": ..., "text": ...}]``), as the proxy recorded them."""
+        owner = turn.metadata.get("owner")
+        if isinstance(owner, str) and owner:
+            self._conn.execute("INSERT INTO turn_owners (turn_id, owner) VALUES (?, ?)", (turn_id, owner))
+        lessons = turn.metadata.get("lessons")
+        if turn.turn_type == "main" and isinstance(lessons, list):
+            ids = {item["id"] for item in lessons if isinstance(item, dict) and isinstance(item.get("id"), int)}
+            # A lesson id this store does not know (it cannot come from here, but a capture must never fail on it).
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO lesson_uses (lesson_id, turn_id) SELECT ?, ? "
+                "WHERE EXISTS (SELECT 1 FROM lessons WHERE id = ?)",
+                [(lesson_id, turn_id, lesson_id) for lesson_id in sorted(ids)],
+            )
 
     def set_next_state(self, turn_id: int, next_state: list[dict[str, Any]], role: str | None, now: float) -> None:
         self._conn.execute(

@@ -1,0 +1,276 @@
+"""The two measurements a lesson's life depends on.
+
+**Verification** (candidate -> active, :func:`verify_candidate`). On a few recent prompts of the same owner that the
+correction did not come from, the frozen base model answers greedily twice: as served today (with the owner's
+active lessons, ``r0``) and with the candidate added (``r1``). The candidate is *verified* when, on a majority of those
+prompts,
+
+1. it changes the reply (``r1 != r0``; on none of them: it *duplicates* what is served already, and merges into the
+   active lesson whose words it shares most);
+2. the teacher that reads the original correction prefers ``r1``: ``Δ(r) = log p(r | prompt + correction) -
+   log p(r | prompt)`` (summed over the reply; the pointwise mutual information of reply and correction, so a reply is
+   not preferred for being short) is larger for ``r1`` than for ``r0`` by at least :data:`PREFERENCE_MARGIN` nats;
+3. ``r1`` stays a plausible answer to the plain prompt (mean log-probability under the base model at least
+   :data:`~openclaw_cli.hindsight_demos.MIN_MEAN_LOGPROB`, the hindsight demonstrations' bar);
+4. nothing leaks from the correction: no content word of the lesson (four letters or more, or a number) appears in
+   ``r1`` unless the prompt or ``r0`` has it ("Canberra" turning up in an answer about photosynthesis).
+
+Any prompt that leaks rejects the candidate outright.
+
+**Retirement** (active -> retired, :func:`lesson_gap`). On the turns a lesson shaped, the current policy scores the
+reply it gave twice: after the prompt as served and after the same conversation without this lesson. The gap
+``log p(reply | with) - log p(reply | without)`` (nats, summed over the reply) says how much the lesson still
+explains the behaviour: near 0, the weights answer as the lesson asks on their own. The median over the turns is
+compared with ``lessons.retire_gap`` (retire) and ``lessons.return_gap`` (a retired lesson comes back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openclaw_cli.backend import BASE_VERSION, Backend
+from openclaw_cli.hindsight_demos import MIN_MEAN_LOGPROB
+from openclaw_cli.instructions import with_instruction
+from openclaw_cli.lesson_prompt import served_lessons, with_lessons
+from openclaw_cli.store import TurnRecord
+from openclaw_cli.tokenizer import flatten_content
+from openclaw_cli.types import Message, SamplingParams
+
+log = logging.getLogger("openclaw.lessons")
+
+PREFERENCE_MARGIN = 0.5
+_CONTENT_WORD = re.compile(r"[a-z]{4,}|\d+")
+_COMMON = frozenset(
+    [
+        "that",
+        "this",
+        "with",
+        "your",
+        "just",
+        "give",
+        "only",
+        "need",
+        "want",
+        "please",
+        "answer",
+        "answers",
+        "reply",
+        "replies",
+        "short",
+        "shorter",
+        "long",
+        "longer",
+        "much",
+        "more",
+        "less",
+        "very",
+        "really",
+        "from",
+        "then",
+        "them",
+        "they",
+        "what",
+        "when",
+        "where",
+        "which",
+        "will",
+        "would",
+        "could",
+        "should",
+        "about",
+        "like",
+        "sentence",
+        "sentences",
+        "words",
+        "word",
+        "line",
+        "lines",
+        "key",
+        "fact",
+        "facts",
+        "point",
+        "points",
+        "text",
+        "always",
+        "never",
+        "don't",
+        "dont",
+        "stop",
+        "tell",
+        "explain",
+        "explanation",
+        "wordy",
+        "verbose",
+        "brief",
+        "concise",
+        "too",
+        "far",
+        "here",
+        "there",
+        "keep",
+        "make",
+        "sure",
+        "does",
+    ]
+)
+
+
+@dataclass
+class PromptTrial:
+    turn_id: int
+    changed: bool
+    preferred: bool
+    plausible: bool
+    leaked: list[str]
+    advantage: float  # Δ(r1) - Δ(r0), nats
+    words: tuple[int, int]  # words of r0, r1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "turn": self.turn_id,
+            "changed": self.changed,
+            "preferred": self.preferred,
+            "plausible": self.plausible,
+            "leaked": self.leaked,
+            "advantage": round(self.advantage, 3),
+            "words": list(self.words),
+        }
+
+
+@dataclass
+class Verification:
+    outcome: str  # verified | duplicate | rejected | inconclusive
+    why: str
+    trials: list[PromptTrial] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "trials": [t.to_json() for t in self.trials]}
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in _CONTENT_WORD.findall(text.lower()) if w not in _COMMON}
+
+
+def _last_user_text(messages: Sequence[Message]) -> str:
+    users = [m for m in messages if m.get("role") == "user"]
+    return flatten_content(users[-1].get("content")) if users else ""
+
+
+async def _greedy(backend: Backend, prompt: list[int], max_tokens: int) -> tuple[list[int], str]:
+    result = await backend.sample(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), version=BASE_VERSION)
+    return list(result.tokens), result.text.strip()
+
+
+async def _reply_logprob(backend: Backend, prompt: list[int], reply: list[int], *, base: bool) -> list[float] | None:
+    if not reply:
+        return []
+    scored = await backend.compute_logprobs(prompt + reply, base=base, start=len(prompt))
+    tail = scored[len(prompt) :]
+    if len(tail) != len(reply) or any(v is None for v in tail):
+        return None
+    return [float(v) for v in tail if v is not None]
+
+
+async def _trial(
+    backend: Backend,
+    turn: TurnRecord,
+    served: Sequence[str],
+    candidate: str,
+    correction: str,
+    max_tokens: int,
+) -> PromptTrial | None:
+    tokenizer = backend.tokenizer()
+    messages = turn.messages
+    try:
+        plain = tokenizer.render(messages, turn.tools)
+        before = tokenizer.render(with_lessons(messages, list(served)), turn.tools)
+        after = tokenizer.render(with_lessons(messages, [*served, candidate]), turn.tools)
+        teacher = tokenizer.render(with_instruction(messages, correction), turn.tools)
+    except Exception as exc:  # a conversation this template cannot render: not a usable prompt
+        log.debug("turn %d: cannot render for verification: %s", turn.id, exc)
+        return None
+    (r0, text0), (r1, text1) = await asyncio.gather(
+        _greedy(backend, before, max_tokens), _greedy(backend, after, max_tokens)
+    )
+    scores = await asyncio.gather(
+        _reply_logprob(backend, teacher, r0, base=True),
+        _reply_logprob(backend, plain, r0, base=True),
+        _reply_logprob(backend, teacher, r1, base=True),
+        _reply_logprob(backend, plain, r1, base=True),
+    )
+    if any(s is None for s in scores):
+        return None
+    t0, p0, t1, p1 = (s or [] for s in scores)
+    advantage = (sum(t1) - sum(p1)) - (sum(t0) - sum(p0))
+    plausible = bool(p1) and sum(p1) / len(p1) >= MIN_MEAN_LOGPROB
+    known = content_words(_last_user_text(messages)) | content_words(text0)
+    leaked = sorted((content_words(candidate) & content_words(text1)) - known)
+    return PromptTrial(
+        turn_id=turn.id,
+        changed=r0 != r1,
+        preferred=advantage >= PREFERENCE_MARGIN,
+        plausible=plausible,
+        leaked=leaked,
+        advantage=advantage,
+        words=(len(text0.split()), len(text1.split())),
+    )
+
+
+async def verify_candidate(
+    backend: Backend,
+    candidate: str,
+    correction: str,
+    prompts: Sequence[TurnRecord],
+    served: Sequence[str],
+    *,
+    max_tokens: int,
+) -> Verification:
+    """Try ``candidate`` on ``prompts`` (see the module docstring); ``served``: the owner's active lessons' texts."""
+    found = await asyncio.gather(
+        *(_trial(backend, turn, served, candidate, correction, max_tokens) for turn in prompts)
+    )
+    trials = [t for t in found if t is not None]
+    if not trials:
+        return Verification("inconclusive", "no prompt of this owner could be tried")
+    leaks = sorted({word for t in trials for word in t.leaked})
+    if leaks:
+        return Verification("rejected", f"its topic leaks into other answers ({', '.join(leaks[:5])})", trials)
+    if not any(t.changed for t in trials):
+        return Verification("duplicate", "it changes no reply beyond what is served already", trials)
+    good = [t for t in trials if t.changed and t.preferred and t.plausible]
+    if 2 * len(good) > len(trials):
+        return Verification("verified", f"helped on {len(good)} of {len(trials)} other prompts", trials)
+    return Verification("rejected", f"helped on only {len(good)} of {len(trials)} other prompts", trials)
+
+
+async def lesson_gap(backend: Backend, lesson_id: int, turns: Sequence[TurnRecord]) -> tuple[float, int] | None:
+    """The median over ``turns`` (served with lesson ``lesson_id``) of log p(reply | as served) - log p(reply |
+    as served without this lesson) under the current policy, and how many turns it was measured on; None when no
+    turn could be scored."""
+    tokenizer = backend.tokenizer()
+
+    async def one(turn: TurnRecord) -> float | None:
+        served = [text for other, text in served_lessons(turn) if other != lesson_id]
+        try:
+            without = tokenizer.render(with_lessons(turn.messages, served), turn.tools)
+        except Exception:
+            return None
+        reply = list(turn.completion_tokens)
+        scores = await asyncio.gather(
+            _reply_logprob(backend, list(turn.prompt_tokens), reply, base=False),
+            _reply_logprob(backend, without, reply, base=False),
+        )
+        if scores[0] is None or scores[1] is None:
+            return None
+        return sum(scores[0]) - sum(scores[1])
+
+    gaps = [g for g in await asyncio.gather(*(one(turn) for turn in turns)) if g is not None]
+    if not gaps:
+        return None
+    return statistics.median(gaps), len(gaps)

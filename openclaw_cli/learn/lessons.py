@@ -1,0 +1,369 @@
+"""Lessons: a user's correction of how the bot answers acts at once in the prompt, is verified, is distilled into the
+weights, and retires from the prompt once the weights carry it.
+
+**Statuses.** ``candidate`` (found, not yet tried) -> ``active`` (verified: served in the owner's main-line prompts)
+-> ``retired`` (the weights answer as it asks without it; no longer served). ``rejected``: verification found that
+it does not help, leaks its topic into other answers, or duplicates an active lesson (then it merges into that one).
+``forgotten``: the user removed it (its text is erased; weights already trained keep what they learned until a
+rollback). Every change carries its evidence (``openclaw lessons show ID``).
+
+**Where lessons come from.**
+
+- The user's next message after a main-line turn, when it corrects the form of answers
+  (:mod:`openclaw_cli.learn.lesson_finder`): the lesson is their own words. A fact correction makes none.
+- Explicit feedback (``POST /v1/openclaw/feedback`` with text): the text is a candidate.
+- ``openclaw lessons add TEXT`` / ``POST /v1/openclaw/lessons``: taught directly, active at once (the user said so).
+
+Opted-out exchanges are never stored, so they make no lessons; they are still served with their owner's lessons.
+Text is redacted (``store.redact``, and API keys always) before it is stored.
+
+**The loop** (:meth:`LessonKeeper.run`, beside the judge and trainer loops): it claims ready main-line turns as the
+consumer ``lessons``, turns form corrections into candidates, verifies candidates on the owner's other recent prompts
+(:func:`~openclaw_cli.learn.lesson_checks.verify_candidate`), activates them (the proxy serves them from the next
+request on), and after each new policy version measures every active and retired lesson's gap
+(:func:`~openclaw_cli.learn.lesson_checks.lesson_gap`) to retire it or bring it back. An owner keeps at most
+``lessons.max_active`` active lessons; a new one retires the oldest. A correction that repeats a retired lesson's
+words brings that lesson back.
+
+Consolidation (the distillation) happens in the trainer: a turn served with lessons is also trained as a hindsight
+demonstration for the same conversation without them (``lessons.consolidate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from openclaw_cli.backend import Backend
+from openclaw_cli.learn.lesson_checks import content_words, lesson_gap, verify_candidate
+from openclaw_cli.learn.lesson_finder import lesson_from_reply
+from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError
+from openclaw_cli.redaction import Redactor, enabled_kinds
+from openclaw_cli.settings import Settings
+from openclaw_cli.store import Store, TurnRecord
+from openclaw_cli.store.lessons import FORGOTTEN_TEXT, LessonRecord
+from openclaw_cli.tokenizer import flatten_content
+
+log = logging.getLogger("openclaw.lessons")
+
+CONSUMER = "lessons"
+LEASE_S = 600.0
+MAX_VERIFY_TRIES = 3
+POLL_S = 1.0
+
+
+def load_active(store: Store) -> Callable[[], dict[str, list[ActiveLesson]]]:
+    """The loader a :class:`LessonBook` refreshes from: active lessons by owner, oldest first."""
+
+    def load() -> dict[str, list[ActiveLesson]]:
+        book: dict[str, list[ActiveLesson]] = {}
+        for lesson in store.lessons(statuses=["active"]):
+            book.setdefault(lesson.owner, []).append(ActiveLesson(lesson.id, lesson.text))
+        return book
+
+    return load
+
+
+def lesson_keeper(store: Store, backend: Backend, settings: Settings) -> LessonKeeper:
+    """The lesson keeper and its book of active lessons (read once now, so the first request already has them)."""
+    book = LessonBook(load_active(store), enabled=settings.lessons.enabled)
+    book.refresh_sync()
+    return LessonKeeper(store, backend, settings, book)
+
+
+class LessonKeeper:
+    """Finds, verifies, serves (through ``book``), retires and brings back lessons; also what the lesson and
+    feedback routes call."""
+
+    def __init__(self, store: Store, backend: Backend, settings: Settings, book: LessonBook) -> None:
+        self.store = store
+        self.backend = backend
+        self.settings = settings
+        self.book = book
+        self._redactor = Redactor({*enabled_kinds(settings.store.redact), "api_key"})
+        self._checked_version: int | None = None
+        self._tries: dict[int, tuple[int, int]] = {}  # candidate -> (tries, newest owner turn seen at the last try)
+        self.stats: dict[str, Any] = {"found": 0, "verified": 0, "rejected": 0, "retired": 0, "returned": 0}
+        self.last_error: str | None = None
+
+    # -- what users do -----------------------------------------------------------------------------------------
+    async def add(self, owner: str, text: str) -> LessonRecord:
+        """A lesson the user teaches directly: active at once (no verification: the user said so)."""
+        clean = self._clean(text)
+        lesson_id = await asyncio.to_thread(
+            self.store.add_lesson, owner, clean, status="active", origin="user", why="taught directly by the user"
+        )
+        await self._enforce_budget(owner, keep=lesson_id)
+        await self.book.refresh()
+        return await self._get(lesson_id)
+
+    async def forget(self, lesson_id: int, owner: str | None) -> LessonRecord:
+        lesson = await self._get(lesson_id, owner)
+        if lesson.status == "forgotten":
+            return lesson
+        done = await asyncio.to_thread(
+            self.store.set_lesson_status, lesson_id, "forgotten", FORGET_NOTE, text=FORGOTTEN_TEXT
+        )
+        await self.book.refresh()
+        assert done is not None
+        return done
+
+    async def feedback(self, turn_id: int, rating: int, text: str | None, owner: str | None = None) -> dict[str, Any]:
+        """Record a rating of a turn (it overrides the judge's verdict when the turn is trained); its text is the
+        turn's hint and a lesson candidate of the turn's owner. ``owner``: the caller, who may rate only their own
+        turns."""
+        turn = await asyncio.to_thread(self.store.get_turn, turn_id)
+        turn_owner = await asyncio.to_thread(self.store.turn_owner, turn_id) if turn is not None else None
+        if turn is None or (owner is not None and (turn_owner or "local") != owner):
+            raise LessonError(f"no turn {turn_id} of yours in the store", 404)
+        clean = self._clean(text) if text and text.strip() else None
+        feedback_id = await asyncio.to_thread(self.store.add_feedback, turn_id, rating, clean)
+        out: dict[str, Any] = {"feedback_id": feedback_id, "turn_id": turn_id, "rating": rating, "lesson": None}
+        if clean and self.settings.lessons.enabled:
+            lesson = await self._candidate(turn_owner or "local", clean, origin="feedback", turn=turn)
+            out["lesson"] = lesson.to_json() if lesson is not None else None
+        return out
+
+    async def get(self, lesson_id: int, owner: str | None) -> LessonRecord:
+        return await self._get(lesson_id, owner)
+
+    async def _get(self, lesson_id: int, owner: str | None = None) -> LessonRecord:
+        lesson = await asyncio.to_thread(self.store.get_lesson, lesson_id)
+        if lesson is None or (owner is not None and lesson.owner != owner):
+            raise LessonError(f"no lesson {lesson_id}" + ("" if owner is None else " of yours"), 404)
+        return lesson
+
+    def _clean(self, text: str) -> str:
+        clean = " ".join(self._redactor.redact_text(text).split())
+        if not clean:
+            raise LessonError("a lesson needs some text")
+        if len(clean) > self.settings.lessons.max_chars:
+            raise LessonError(
+                f"a lesson is at most {self.settings.lessons.max_chars} characters (lessons.max_chars); "
+                f"this one has {len(clean)}"
+            )
+        return clean
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                busy = await self.run_once()
+            except Exception as exc:  # the loop must outlive one bad turn or a busy store
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("lesson loop round failed; trying again")
+                busy = False
+            if not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=POLL_S)
+
+    async def run_once(self) -> bool:
+        """One round: new corrections, pending candidates, and (after a new policy version) the gap checks.
+        Returns whether it did anything."""
+        busy = await self._find()
+        busy = await self._verify_pending() or busy
+        version = self.backend.current_version().version
+        if version != self._checked_version:
+            self._checked_version = version
+            busy = await self.check_gaps() or busy
+        return busy
+
+    async def _find(self) -> bool:
+        turns = await asyncio.to_thread(self.store.claim_ready, CONSUMER, 16, LEASE_S)
+        for turn in turns:
+            lesson = None
+            text = _next_user_text(turn)
+            if text is not None and self.settings.lessons.enabled:
+                found = lesson_from_reply(text, self.settings.lessons.max_chars)
+                if found is not None:
+                    owner = await asyncio.to_thread(self.store.turn_owner, turn.id) or "local"
+                    lesson = await self._candidate(owner, self._redactor.redact_text(found), "correction", turn)
+            result = '{"lesson": %s}' % (lesson.id if lesson is not None else "null")
+            await asyncio.to_thread(self.store.complete, CONSUMER, turn.id, result)
+        return bool(turns)
+
+    async def _candidate(self, owner: str, text: str, origin: str, turn: TurnRecord) -> LessonRecord | None:
+        """A new candidate, or the retired lesson with the same words brought back (the behaviour slipped)."""
+        lessons = await asyncio.to_thread(self.store.lessons, owner=owner)
+        words = content_words(text)
+        for lesson in lessons:
+            if lesson.status in ("active", "candidate") and lesson.text == text:
+                return lesson
+            if lesson.status == "retired" and words and content_words(lesson.text) == words:
+                back = await asyncio.to_thread(
+                    self.store.set_lesson_status,
+                    lesson.id,
+                    "active",
+                    f"the user corrected the same thing again (turn {turn.id}): back in the prompt",
+                    expect=["retired"],
+                )
+                self.stats["returned"] += 1
+                await self._enforce_budget(owner, keep=lesson.id)
+                await self.book.refresh()
+                return back
+        lesson_id = await asyncio.to_thread(
+            self.store.add_lesson,
+            owner,
+            text,
+            status="candidate",
+            origin=origin,
+            source_turn_ids=[turn.id],
+            why=f"the user's {'feedback' if origin == 'feedback' else 'reply'} to turn {turn.id}",
+        )
+        self.stats["found"] += 1
+        log.info("lesson %d (candidate) from turn %d: %r", lesson_id, turn.id, text)
+        return await self._get(lesson_id)
+
+    async def _verify_pending(self) -> bool:
+        candidates = await asyncio.to_thread(self.store.lessons, statuses=["candidate"])
+        busy = False
+        for lesson in candidates:
+            busy = await self.verify(lesson) or busy
+        return busy
+
+    async def verify(self, lesson: LessonRecord) -> bool:
+        """Try one candidate (when its owner has prompts it has not been tried on); returns whether it ran."""
+        cfg = self.settings.lessons
+        source_ids = set(lesson.source_turn_ids)
+        source = await asyncio.to_thread(self.store.get_turn, min(source_ids)) if source_ids else None
+        recent = await asyncio.to_thread(self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts)
+        prompts = [t for t in recent if _usable_prompt(t, source)][: cfg.verify_prompts]
+        newest = max((t.id for t in recent), default=0)
+        tries, seen = self._tries.get(lesson.id, (0, -1))
+        if not prompts or newest == seen:
+            return False  # nothing (new) to try it on yet
+        served = [a.text for a in self.book.for_owner(lesson.owner)]
+        started = time.monotonic()
+        result = await verify_candidate(
+            self.backend, lesson.text, lesson.text, prompts, served, max_tokens=cfg.verify_max_tokens
+        )
+        data = {"verification": result.to_json(), "seconds": round(time.monotonic() - started, 1)}
+        tries += 1
+        self._tries[lesson.id] = (tries, newest)
+        if result.outcome == "verified":
+            await asyncio.to_thread(
+                self.store.set_lesson_status, lesson.id, "active", result.why, data=data, expect=["candidate"]
+            )
+            self.stats["verified"] += 1
+            await self._enforce_budget(lesson.owner, keep=lesson.id)
+            await self.book.refresh()
+            log.info("lesson %d active: %s", lesson.id, result.why)
+        elif result.outcome == "duplicate":
+            await self._merge(lesson, data)
+        elif result.outcome == "rejected" or tries >= MAX_VERIFY_TRIES:
+            why = result.why if result.outcome == "rejected" else f"still unverified after {tries} tries: {result.why}"
+            await asyncio.to_thread(
+                self.store.set_lesson_status, lesson.id, "rejected", why, data=data, expect=["candidate"]
+            )
+            self.stats["rejected"] += 1
+            log.info("lesson %d rejected: %s", lesson.id, why)
+        else:
+            await asyncio.to_thread(self.store.note_lesson, lesson.id, f"not verified yet: {result.why}", data)
+        return True
+
+    async def _merge(self, lesson: LessonRecord, data: dict[str, Any]) -> None:
+        active = await asyncio.to_thread(self.store.lessons, owner=lesson.owner, statuses=["active"])
+        words = content_words(lesson.text)
+        into = max(active, key=lambda a: len(content_words(a.text) & words), default=None)
+        why = "it changes no reply beyond the lessons served already"
+        if into is not None:
+            why += f": merged into lesson {into.id}"
+            await asyncio.to_thread(
+                self.store.note_lesson,
+                into.id,
+                f"the user asked for it again (lesson {lesson.id}, turns {lesson.source_turn_ids})",
+            )
+        await asyncio.to_thread(
+            self.store.set_lesson_status, lesson.id, "rejected", why, data=data, expect=["candidate"]
+        )
+        self.stats["rejected"] += 1
+
+    async def _enforce_budget(self, owner: str, *, keep: int) -> None:
+        active = await asyncio.to_thread(self.store.lessons, owner=owner, statuses=["active"])
+        excess = len(active) - self.settings.lessons.max_active
+        for lesson in [a for a in active if a.id != keep][: max(0, excess)]:
+            await asyncio.to_thread(
+                self.store.set_lesson_status,
+                lesson.id,
+                "retired",
+                f"more than lessons.max_active = {self.settings.lessons.max_active} active lessons: the oldest leaves",
+                expect=["active"],
+            )
+
+    async def check_gaps(self) -> bool:
+        """Measure every active and retired lesson with enough shaped turns against the current policy; retire the
+        learned ones, bring back the slipped ones."""
+        cfg = self.settings.lessons
+        lessons = await asyncio.to_thread(self.store.lessons, statuses=["active", "retired"])
+        version = self.backend.current_version().version
+        changed = False
+        for lesson in lessons:
+            if lesson.uses < cfg.min_shaped:
+                continue
+            turns = await asyncio.to_thread(self.store.lesson_turns, lesson.id, 8)
+            measured = await lesson_gap(self.backend, lesson.id, turns)
+            if measured is None:
+                continue
+            gap, n = measured
+            data = {"gap": round(gap, 3), "turns": n, "policy_version": version}
+            if lesson.status == "active" and gap <= cfg.retire_gap:
+                await asyncio.to_thread(
+                    self.store.set_lesson_status,
+                    lesson.id,
+                    "retired",
+                    f"learned: the policy without it explains its replies within {gap:.2f} nats "
+                    f"(<= lessons.retire_gap {cfg.retire_gap})",
+                    data=data,
+                    expect=["active"],
+                )
+                self.stats["retired"] += 1
+                changed = True
+                log.info("lesson %d retired at version %d (gap %.2f)", lesson.id, version, gap)
+            elif lesson.status == "retired" and gap > cfg.return_gap:
+                await asyncio.to_thread(
+                    self.store.set_lesson_status,
+                    lesson.id,
+                    "active",
+                    f"slipped: the gap grew to {gap:.2f} nats (> lessons.return_gap {cfg.return_gap})",
+                    data=data,
+                    expect=["retired"],
+                )
+                self.stats["returned"] += 1
+                changed = True
+            else:
+                await asyncio.to_thread(self.store.note_lesson, lesson.id, f"gap {gap:.2f} nats", data)
+        if changed:
+            await self.book.refresh()
+        return bool(lessons)
+
+    def status(self) -> dict[str, Any]:
+        """For /v1/openclaw/status and the dashboard: counts by status and the active lessons (blocking read)."""
+        counts: dict[str, int] = {}
+        active = []
+        for lesson in self.store.lessons():
+            counts[lesson.status] = counts.get(lesson.status, 0) + 1
+            if lesson.status == "active":
+                active.append({"id": lesson.id, "owner": lesson.owner, "text": lesson.text, "uses": lesson.uses})
+        return {"counts": counts, "active": active, **self.stats, "last_error": self.last_error}
+
+
+def _next_user_text(turn: TurnRecord) -> str | None:
+    """The user's message that followed the turn, when its next state is one."""
+    if not turn.next_state or turn.next_state_role != "user":
+        return None
+    users = [m for m in turn.next_state if m.get("role") == "user"]
+    return flatten_content(users[-1].get("content")) if users else None
+
+
+def _usable_prompt(turn: TurnRecord, source: TurnRecord | None) -> bool:
+    """A prompt to verify on: not the corrected turn, and not a later turn of the same conversation (its history
+    already holds the correction, so its plain reply follows it)."""
+    if source is None:
+        return True
+    if turn.id == source.id:
+        return False
+    return not (turn.session_id == source.session_id and turn.id > source.id)

@@ -1,0 +1,441 @@
+"""Lessons: found in form corrections (never in fact corrections), verified on other prompts, served in the owner's
+main-line prompts only, distilled by the trainer, retired when learned and brought back when the behaviour slips,
+rated by explicit feedback, and kept across a kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from openclaw_cli.capture import CapturedExchange
+from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
+from openclaw_cli.learn.lessons import LessonKeeper, load_active
+from openclaw_cli.lesson_prompt import (
+    INSTRUCTION_HEADER,
+    ActiveLesson,
+    LessonBook,
+    key_owner,
+)
+from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.settings import Settings
+from openclaw_cli.store import Store
+from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
+
+LESSON = "Too wordy. Just give me the key fact."
+SHORT = "Paris."
+LONG = "The capital of France is Paris, a large and old city on the river Seine with many museums."
+
+FACT_CORRECTIONS = [
+    "No, the capital of Australia is Canberra.",
+    "That's wrong: water boils at 100 degrees Celsius at sea level.",
+    "Actually the Moon landing was in 1969.",
+    "No. Mount Everest is the tallest mountain.",
+    "Incorrect, there are seven continents.",
+    "The author of Hamlet is Shakespeare, not Marlowe.",
+    "Wrong, light is faster than sound.",
+    "No, a spider has eight legs.",
+    "That's not right. The Pacific is the largest ocean.",
+    "Hmm, I think photosynthesis happens in the chloroplasts.",
+    "No, Tokyo is the capital of Japan.",
+    "The chemical symbol for gold is Au.",
+    "Nope, the heart has four chambers.",
+    "It was Marie Curie who discovered radium.",
+    "No, 7 times 8 is 56.",
+    "Oxygen's atomic number is 8, not 6.",
+    "Wrong year: the Berlin Wall fell in 1989.",
+    "Actually, bats are mammals.",
+    "No, the Nile flows north.",
+    "That's false; penguins live in the southern hemisphere.",
+]
+
+
+# --- finding ---------------------------------------------------------------------------------------------------------
+def test_twenty_fact_corrections_make_no_lesson() -> None:
+    assert [text for text in FACT_CORRECTIONS if is_form_correction(text)] == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "lesson"),
+    [
+        (LESSON, LESSON),
+        (
+            "No, that is far too long. Please answer in one short sentence.",
+            "That is far too long. Please answer in one short sentence.",
+        ),
+        ("Use bullet points from now on.", "Use bullet points from now on."),
+        ("Paris is right. But please don't apologize so much.", "But please don't apologize so much."),
+        ("Way too verbose, I only need a few words.", "Way too verbose, I only need a few words."),
+    ],
+)
+def test_form_corrections_become_the_users_own_words(reply: str, lesson: str) -> None:
+    assert lesson_from_reply(reply, 300) == lesson
+
+
+def test_a_long_message_is_a_new_request_not_a_correction() -> None:
+    text = "Please write a short story about a dragon " + "and a knight " * 20
+    assert lesson_from_reply(text, 300) is None
+
+
+# --- serving ---------------------------------------------------------------------------------------------------------
+def _book(lessons: dict[str, list[ActiveLesson]]) -> LessonBook:
+    book = LessonBook(lambda: lessons)
+    book.refresh_sync()
+    return book
+
+
+def _start(make_proxy: Any, tiny_tokenizer: Any, settings: Settings, book: LessonBook) -> Any:
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink
+    from openclaw_cli.testing.loopback_proxy import LoopbackProxy
+
+    backend = FakeBackend(tiny_tokenizer, ["ok"] * 20)
+    sink = MemorySink()
+    server = BackgroundServer(create_app(backend, sink, settings, lessons=book)).start()
+    return LoopbackProxy(backend, sink, server), server
+
+
+def test_lesson_block_goes_to_its_owner_only_and_is_recorded(make_proxy: Any, tiny_tokenizer: Any) -> None:
+    alice, bob = "sk-alice-0123456789", "sk-bob-0123456789"
+    settings = Settings(api_key=alice, api_keys=[bob])
+    book = _book({key_owner(alice): [ActiveLesson(7, LESSON)]})
+    proxy, server = _start(make_proxy, tiny_tokenizer, settings, book)
+    try:
+        body = {"model": "openclaw-policy", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        url = f"{server.base_url}/v1/chat/completions"
+        as_alice = httpx.post(url, json=body, headers={"Authorization": f"Bearer {alice}"})
+        as_bob = httpx.post(url, json=body, headers={"Authorization": f"Bearer {bob}"})
+        off = httpx.post(url, json=body, headers={"x-api-key": alice, "x-openclaw-lessons": "off"})
+        title = {**body, "messages": [*body["messages"], {"role": "user", "content": "Give a title for this chat."}]}
+        side = httpx.post(url, json=title, headers={"x-api-key": alice})
+        nobody = httpx.post(url, json=body)
+    finally:
+        server.stop()
+    assert as_alice.status_code == as_bob.status_code == off.status_code == side.status_code == 200
+    assert nobody.status_code == 401
+    assert as_alice.headers["x-openclaw-lessons"] == "7"
+    assert as_bob.headers["x-openclaw-lessons"] == off.headers["x-openclaw-lessons"] == "none"
+    assert side.headers["x-openclaw-lessons"] == "none"
+    prompts = [tiny_tokenizer.decode(call.prompt_tokens) for call in proxy.backend.calls]
+    assert INSTRUCTION_HEADER in prompts[0] and LESSON in prompts[0]  # a first reply: in the system message
+    assert all(LESSON not in prompt for prompt in prompts[1:])
+    recorded = proxy.sink.exchanges
+    assert recorded[0].metadata["lessons"] == [{"id": 7, "text": LESSON}]
+    assert recorded[0].metadata["owner"] == key_owner(alice) != recorded[1].metadata["owner"]
+    assert alice not in json.dumps([e.metadata for e in recorded]) + json.dumps([e.headers for e in recorded])
+    # capture keeps the client's conversation (sessions pair on it), not the prompt with the block
+    assert recorded[0].messages == body["messages"]
+
+
+def test_lesson_budget_keeps_the_block_within_max_tokens(make_proxy: Any, tiny_tokenizer: Any) -> None:
+    settings = Settings()
+    settings.lessons.max_tokens = 20
+    long_lesson = "Always answer with exactly one sentence and never add any explanation or any examples at all."
+    book = _book({"local": [ActiveLesson(1, "Be brief."), ActiveLesson(2, long_lesson)]})
+    proxy, server = _start(make_proxy, tiny_tokenizer, settings, book)
+    try:
+        body = {"model": "openclaw-policy", "messages": [{"role": "user", "content": "hi"}]}
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions", json=body)
+    finally:
+        server.stop()
+    assert reply.headers["x-openclaw-lessons"] == "1"
+
+
+# --- the store ---------------------------------------------------------------------------------------------------
+def test_a_version_3_store_migrates_and_keeps_its_turns(tmp_path: Path) -> None:
+    import sqlite3
+
+    from openclaw_cli.store import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    from openclaw_cli.store.schema import APPLICATION_ID
+
+    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    for step in MIGRATIONS[:3]:
+        for statement in step:
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version=3")
+    conn.commit()
+    conn.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        lesson_id = store.add_lesson("local", LESSON, status="active", origin="user", why="test")
+        assert [lesson.id for lesson in store.lessons(statuses=["active"])] == [lesson_id]
+
+
+# --- keeper with a scripted policy ---------------------------------------------------------------------------------
+class ScriptedPolicy:
+    """Answers SHORT when the prompt holds an instruction block, LONG otherwise; scores a reply -0.2 a token where
+    it fits its context (short after an instruction, long without) and -1.5 where it does not. ``learned``: the
+    policy (not the base) also scores SHORT -0.2 without the block, as weights that took the lesson in would."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, leak: str | None = None) -> None:
+        self._tokenizer = tokenizer
+        self.learned = False
+        self.leak = leak
+        self.version = 0
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def current_version(self) -> PolicyVersion:
+        return PolicyVersion(self.version, f"v{self.version}")
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        return self.current_version()
+
+    async def sample(self, prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
+        text = self._tokenizer.decode(prompt)
+        told = INSTRUCTION_HEADER in text
+        reply = SHORT if told else LONG
+        if told and self.leak and self.leak in text:
+            reply = f"{self.leak}. {reply}"
+        tokens = self._tokenizer.encode(reply)
+        return SampleResult(
+            tokens=tokens,
+            logprobs=[-0.1] * len(tokens),
+            finish_reason="stop",
+            version=0,
+            text=reply,
+        )
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        context = self._tokenizer.decode(tokens[:start])
+        reply = self._tokenizer.decode(tokens[start:])
+        told = INSTRUCTION_HEADER in context
+        short = len(reply.split()) < 8
+        fits = told == short or (short and self.learned and not base)
+        value = -0.2 if fits else -1.5
+        return [None] * start + [value] * (len(tokens) - start)
+
+
+def _exchange(tokenizer: Any, messages: list[dict[str, Any]], reply: str, **metadata: Any) -> CapturedExchange:
+    from openclaw_cli.lesson_prompt import with_lessons
+
+    served = with_lessons(messages, [item["text"] for item in metadata.get("lessons", [])])
+    prompt = tokenizer.render(served)
+    completion = tokenizer.encode(reply)
+    return CapturedExchange(
+        api="openai",
+        headers={},
+        request={"model": "openclaw-policy", "messages": messages},
+        messages=messages,
+        tools=None,
+        model="openclaw-policy",
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        logprobs=[-0.3] * len(completion),
+        sampling_logprobs=[-0.3] * len(completion),
+        version=0,
+        finish_reason="stop",
+        assistant_message={"role": "assistant", "content": reply},
+        response={"id": "x"},
+        started_at=1.0,
+        first_token_at=1.0,
+        finished_at=1.0,
+        metadata={"owner": "local", **metadata},
+    )
+
+
+def _conversation(capture: SessionCapture, tokenizer: Any, question: str, reply: str, next_user: str) -> None:
+    first = [{"role": "user", "content": question}]
+    capture.record_sync(_exchange(tokenizer, first, reply))
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": next_user}]
+    capture.record_sync(_exchange(tokenizer, second, reply))
+
+
+@pytest.fixture
+def keeper_parts(tmp_path: Path, tiny_tokenizer: Any) -> Any:
+    store = Store(tmp_path / "store.sqlite3")
+    settings = Settings()
+    settings.lessons.min_shaped = 2
+    capture = SessionCapture(store, settings)
+    policy = ScriptedPolicy(tiny_tokenizer)
+    book = LessonBook(load_active(store))
+    keeper = LessonKeeper(store, policy, settings, book)  # type: ignore[arg-type]
+    yield store, capture, policy, keeper
+    store.close()
+
+
+def _questions(capture: SessionCapture, tokenizer: Any, n: int = 3) -> None:
+    for i in range(n):
+        _conversation(capture, tokenizer, f"Question number {i}?", LONG, f"Thanks! Next question {i}.")
+
+
+async def test_a_form_correction_is_verified_activated_and_served(keeper_parts: Any, tiny_tokenizer: Any) -> None:
+    store, capture, _, keeper = keeper_parts
+    _questions(capture, tiny_tokenizer)
+    _conversation(capture, tiny_tokenizer, "What is the capital of France?", LONG, LESSON)
+    await keeper.run_once()
+    (lesson,) = store.lessons()
+    assert (lesson.status, lesson.text, lesson.origin) == ("active", LESSON, "correction")
+    trials = lesson.evidence[-1]["verification"]["trials"]
+    assert len(trials) == 3 and all(t["changed"] and t["preferred"] and t["plausible"] for t in trials)
+    assert keeper.book.for_owner("local") == [ActiveLesson(lesson.id, LESSON)]
+    assert keeper.book.for_owner("key:someone-else") == []
+
+
+async def test_a_fact_correction_makes_no_lesson_and_a_leaking_one_is_rejected(
+    keeper_parts: Any, tiny_tokenizer: Any
+) -> None:
+    store, capture, policy, keeper = keeper_parts
+    _questions(capture, tiny_tokenizer)
+    for i, text in enumerate(FACT_CORRECTIONS):
+        _conversation(capture, tiny_tokenizer, f"Fact question {i}?", LONG, text)
+    await keeper.run_once()
+    await keeper.run_once()
+    assert store.lessons() == []
+    policy.leak = "Canberra"
+    # The fact rides in its own sentence: only the form correction is kept.
+    assert lesson_from_reply("Too long. The answer is Canberra.", 300) == "Too long."
+    # Here it rides in the cue sentence itself; verification sees it leak into other answers.
+    _conversation(capture, tiny_tokenizer, "Capital of Australia?", LONG, "Too long, just say Canberra.")
+    await keeper.run_once()
+    (lesson,) = store.lessons()
+    assert lesson.status == "rejected" and "canberra" in lesson.evidence[-1]["why"]
+
+
+async def test_retired_when_learned_and_back_when_it_slips(keeper_parts: Any, tiny_tokenizer: Any) -> None:
+    store, capture, policy, keeper = keeper_parts
+    lesson = await keeper.add("local", LESSON)
+    served = [{"id": lesson.id, "text": LESSON}]
+    for i in range(3):  # turns served with the lesson: short replies
+        messages = [{"role": "user", "content": f"Served question {i}?"}]
+        capture.record_sync(_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    assert store.get_lesson(lesson.id).uses == 3
+    await keeper.check_gaps()
+    assert store.get_lesson(lesson.id).status == "active"  # gap 1.3 nats a token: not learned
+    assert "gap" in store.get_lesson(lesson.id).evidence[-1]
+    policy.learned = True
+    await keeper.check_gaps()
+    retired = store.get_lesson(lesson.id)
+    assert retired.status == "retired" and retired.evidence[-1]["gap"] == 0.0
+    await keeper.book.refresh()
+    assert keeper.book.for_owner("local") == []
+    policy.learned = False
+    await keeper.check_gaps()
+    assert store.get_lesson(lesson.id).status == "active"
+    assert "slipped" in store.get_lesson(lesson.id).evidence[-1]["why"]
+
+
+async def test_feedback_overrides_the_verdict_and_its_text_is_a_candidate(
+    keeper_parts: Any, tiny_tokenizer: Any
+) -> None:
+    store, capture, _, keeper = keeper_parts
+    _conversation(capture, tiny_tokenizer, "What is 2+2?", LONG, "ok")
+    turn_id = store.main_turns_of_session(store.sessions()[0].id)[0]
+    out = await keeper.feedback(turn_id, -1, "Too long, answer in one sentence.", owner="local")
+    assert out["lesson"]["status"] == "candidate" and out["lesson"]["origin"] == "feedback"
+    assert store.feedback_for(turn_id) == (-1, "Too long, answer in one sentence.")
+    from openclaw_cli.lesson_prompt import LessonError
+
+    with pytest.raises(LessonError):
+        await keeper.feedback(turn_id, 1, None, owner=key_owner("sk-other-0123456789"))
+
+
+async def test_trainer_takes_the_users_rating_over_the_judge(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    from openclaw_cli.trainer_loop import TrainerLoop
+
+    store = Store(tmp_path / "s.sqlite3")
+    settings = Settings(method="rl")
+    settings.train.kl_coef = 0.0
+    capture = SessionCapture(store, settings)
+    _conversation(capture, tiny_tokenizer, "What is 2+2?", LONG, "Thanks!")
+    turn = store.get_turn(store.main_turns_of_session(store.sessions()[0].id)[0])
+    store.add_feedback(turn.id, -1, "Too long.")
+    trainer = TrainerLoop(store, ScriptedPolicy(tiny_tokenizer), settings)  # type: ignore[arg-type]
+    trainer._verdicts[turn.id] = {"score": 1.0}
+    samples, rewards, _ = await trainer._samples([turn])
+    assert rewards == [-1.0] and samples[0].reward == -1.0
+    store.close()
+
+
+# --- consolidation -------------------------------------------------------------------------------------------------
+async def test_a_lesson_served_turn_is_a_demonstration_for_the_plain_prompt(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    from openclaw_cli.algorithms import build_datums
+    from openclaw_cli.trainer_loop import TrainerLoop
+
+    store = Store(tmp_path / "s.sqlite3")
+    settings = Settings(method="rl")
+    settings.train.kl_coef = 0.0
+    settings.train.demo_weight = 1.5
+    capture = SessionCapture(store, settings)
+    lesson_id = store.add_lesson("local", LESSON, status="active", origin="user", why="test")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    capture.record_sync(_exchange(tiny_tokenizer, messages, SHORT, lessons=[{"id": lesson_id, "text": LESSON}]))
+    turn = store.get_turn(1)
+    policy = ScriptedPolicy(tiny_tokenizer)
+    trainer = TrainerLoop(store, policy, settings)  # type: ignore[arg-type]
+    trainer._verdicts[turn.id] = {"score": 0.0}
+    samples, _, _ = await trainer._samples([turn])
+    (demo,) = [s for s in samples if s.consolidates]
+    plain = tiny_tokenizer.render(messages)
+    assert demo.consolidates == (lesson_id,)
+    assert demo.prompt_tokens == plain != turn.prompt_tokens  # trained without the lesson block
+    assert demo.completion_tokens == tiny_tokenizer.encode(SHORT)  # the base model's reply with the lesson
+    # Its "sampler" log-probabilities are the current policy's: -1.5 a token (SHORT does not fit the plain prompt).
+    assert demo.sampler_logprobs == [-1.5] * len(demo.completion_tokens)
+    datums, _ = build_datums(samples, "rl", settings.train, current_version=0, baseline=0.0)
+    (datum,) = [d for d in datums if list(d.model_input[: len(plain)]) == plain]
+    n = len(demo.completion_tokens)
+    # By hand: the constant demonstration advantage 1.5 on every token, scaled by loss_norm "token" (1 / the batch's
+    # trained tokens: the demonstration is the only datum, the plain turn has no signal).
+    assert len(datums) == 1
+    assert list(datum.loss_fn_inputs["advantages"]) == [0.0] * (len(plain) - 1) + [1.5 / n] * n
+    assert list(datum.loss_fn_inputs["target_tokens"]) == [0] * (len(plain) - 1) + demo.completion_tokens
+    store.close()
+
+
+# --- crash safety --------------------------------------------------------------------------------------------------
+_WRITER = """
+import os, signal, sys
+from openclaw_cli.store import Store
+store = Store(sys.argv[1])
+lesson = store.add_lesson("local", "Too wordy. Just give me the key fact.", status="candidate", origin="correction",
+                          why="the user's reply to turn 1")
+store.set_lesson_status(lesson, "active", "verified")
+print(lesson, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_lessons_survive_kill_9_and_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    done = subprocess.run([sys.executable, "-c", _WRITER, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    lesson_id = int(done.stdout.strip())
+    with Store(path) as store:
+        (lesson,) = store.lessons()
+        assert (lesson.id, lesson.status, [e["status"] for e in lesson.evidence]) == (
+            lesson_id,
+            "active",
+            ["candidate", "active"],
+        )
+        book = LessonBook(load_active(store))
+        book.refresh_sync()
+        assert book.for_owner("local") == [ActiveLesson(lesson_id, LESSON)]
+    assert os.path.exists(path)
+
+
+async def test_forgetting_erases_the_text_and_says_weights_keep_it(keeper_parts: Any) -> None:
+    store, _, _, keeper = keeper_parts
+    lesson = await keeper.add("local", LESSON)
+    assert keeper.book.for_owner("local")
+    forgotten = await keeper.forget(lesson.id, "local")
+    assert forgotten.status == "forgotten" and LESSON not in json.dumps(store.get_lesson(lesson.id).to_json())
+    assert "until you roll back" in forgotten.evidence[-1]["why"]
+    assert keeper.book.for_owner("local") == []
+    await asyncio.sleep(0)
