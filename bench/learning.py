@@ -118,6 +118,7 @@ class Observed:
 
     replies: list[tuple[float, bool]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # the replies themselves, to eyeball
+    first_correction_at: float | None = None  # when a user first sent the correction
 
     def share_short(self, since: float, until: float) -> tuple[float | None, int]:
         window = [ok for t, ok in self.replies if since <= t < until]
@@ -150,6 +151,8 @@ async def scripted_user(
             observed.texts.append(reply)
             if not short:
                 follow_up = SCRIPT.correction
+                if observed.first_correction_at is None:
+                    observed.first_correction_at = time.time()
             elif not answers:
                 follow_up = SCRIPT.wrong
             else:
@@ -333,6 +336,88 @@ async def ask_held_out(backend: Any, *, told: bool, max_tokens: int, version: in
     return HeldOut.of(replies)
 
 
+TIMELINE_MINUTES = (0, 1, 2, 5, 10, 20)
+# Held-out requests through the proxy are opted out of capture: they are never stored, judged, trained on, or a
+# lesson's source, but are served with the owner's lessons as any request (opt-out stops capture, not service).
+HELD_OUT_HEADERS = {"X-OpenClaw-Opt-Out": "1", "X-Turn-Type": "main"}
+
+
+async def ask_held_out_served(http: Any, *, lessons: bool, max_tokens: int) -> tuple[HeldOut, str]:
+    """Every held-out question through the proxy, greedy, as the user gets it (``lessons``) or plain
+    (``x-openclaw-lessons: off``), all at once (the sampler batches them); and the lesson ids that shaped them."""
+    headers = {**HELD_OUT_HEADERS, **({} if lessons else {"x-openclaw-lessons": "off"})}
+
+    async def one(question: str) -> tuple[str, str]:
+        messages = [{"role": "system", "content": SCRIPT.system}, {"role": "user", "content": question}]
+        body = {"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+        response = await http.post("/v1/chat/completions", json=body, headers=headers)
+        response.raise_for_status()
+        text = response.json()["choices"][0]["message"].get("content") or ""
+        return text.strip(), response.headers.get("x-openclaw-lessons", "none")
+
+    answers = await asyncio.gather(*(one(question) for question in SCRIPT.held_out))
+    shaped = sorted({ids for _, ids in answers})
+    return HeldOut.of([text for text, _ in answers]), "+".join(shaped)
+
+
+@dataclass
+class TimelinePoint:
+    minute: float  # since the run started
+    version: int
+    served: HeldOut
+    plain: HeldOut
+    lessons: str  # the lesson ids that shaped the served replies ("none" when none)
+
+
+async def measure_point(http: Any, backend: Any, started: float, max_tokens: int) -> TimelinePoint:
+    """The held-out questions served and plain, now."""
+    version = backend.current_version().version
+    (served, lessons), (plain, _) = await asyncio.gather(
+        ask_held_out_served(http, lessons=True, max_tokens=max_tokens),
+        ask_held_out_served(http, lessons=False, max_tokens=max_tokens),
+    )
+    point = TimelinePoint(round((time.time() - started) / 60, 2), version, served, plain, lessons)
+    print(
+        f"  held-out at {point.minute:5.2f} min (version {version}): served {served.words:5.1f} words, hits "
+        f"{served.hits:.2f} (lessons {lessons}); plain {plain.words:5.1f} words, hits {plain.hits:.2f}"
+    )
+    return point
+
+
+async def measure_timeline(
+    http: Any, backend: Any, started: float, minutes: float, max_tokens: int, stop: asyncio.Event
+) -> list[TimelinePoint]:
+    """The held-out questions served and plain at each of :data:`TIMELINE_MINUTES` after 0 inside the run."""
+    points: list[TimelinePoint] = []
+    for mark in [m for m in TIMELINE_MINUTES if 0 < m < minutes]:
+        wait = started + mark * 60 - time.time()
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+        if stop.is_set():
+            break
+        points.append(await measure_point(http, backend, started, max_tokens))
+    return points
+
+
+def lesson_events(store: Any, started: float) -> list[dict[str, Any]]:
+    """Every lesson's status changes, in minutes since the run started."""
+    events = []
+    for lesson in store.lessons():
+        for entry in lesson.evidence:
+            if entry.get("status") != (events[-1]["status"] if events and events[-1]["id"] == lesson.id else None):
+                events.append(
+                    {
+                        "id": lesson.id,
+                        "minute": round((entry["at"] - started) / 60, 2),
+                        "status": entry["status"],
+                        "why": entry.get("why", ""),
+                        "text": lesson.text,
+                    }
+                )
+    return events
+
+
 @dataclass
 class RunResult:
     seed: int
@@ -342,6 +427,9 @@ class RunResult:
     held_back: int
     minutes: float
     rows: list[tuple] = field(default_factory=list)
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    lessons: list[dict[str, Any]] = field(default_factory=list)
+    first_correction_minute: float | None = None
 
 
 async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_dir: Path | None) -> RunResult:
@@ -350,6 +438,7 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
 
     from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.judge import JudgeLoop, make_judge_client
+    from openclaw_cli.learn.lessons import lesson_keeper
     from openclaw_cli.promotion import make_publisher
     from openclaw_cli.proxy import create_app
     from openclaw_cli.session_capture import SessionCapture
@@ -368,8 +457,9 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
         backend = LocalBackend(settings)
         await backend.start()
         store = Store(settings.store.path)
+        keeper = lesson_keeper(store, backend, settings)
         server, server_task, base_url = await serve_on_loopback(
-            create_app(backend, SessionCapture(store, settings), settings)
+            create_app(backend, SessionCapture(store, settings), settings, lessons=keeper.book, lesson_desk=keeper)
         )
         client = ScriptedRewardJudge() if judge_kind == "scripted" else make_judge_client(settings, backend)
         trainer = TrainerLoop(store, backend, settings)
@@ -386,13 +476,24 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
         observed = Observed()
         started = time.time()
         async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
-            loops = [asyncio.create_task(judge.run(stop_loops)), asyncio.create_task(trainer.run(stop_loops))]
+            loops = [
+                asyncio.create_task(judge.run(stop_loops)),
+                asyncio.create_task(trainer.run(stop_loops)),
+                asyncio.create_task(keeper.run(stop_loops)),
+                asyncio.create_task(keeper.book.run(stop_loops)),
+            ]
+            # The timeline's first point (minute 0) is measured before any user speaks.
+            first_point = await measure_point(http, backend, started, args.max_tokens)
+            timeline_task = asyncio.create_task(
+                measure_timeline(http, backend, started, args.minutes, args.max_tokens, stop_users)
+            )
             users = [asyncio.create_task(scripted_user(http, u, args, observed, stop_users)) for u in range(args.users)]
             reporter = asyncio.create_task(report_steps(store, observed, started, stop_report))
             try:
-                await asyncio.sleep(args.minutes * 60)
+                await asyncio.sleep(max(0.0, started + args.minutes * 60 - time.time()))
             finally:
                 stop_users.set()
+                timeline = [first_point, *await timeline_task]
                 await asyncio.gather(*users, return_exceptions=True)
                 stop_loops.set()
                 await asyncio.gather(*loops, return_exceptions=True)
@@ -414,17 +515,40 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
             plot_reward_over_steps(store.steps(), path)
             print(f"reward-over-steps plot: {path}")
         after = await ask_held_out(backend, told=False, max_tokens=args.max_tokens)
+        # The end of the timeline: served and plain after the last step, through the proxy.
+        async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
+            (served_end, shaped), (plain_end, _) = await asyncio.gather(
+                ask_held_out_served(http, lessons=True, max_tokens=args.max_tokens),
+                ask_held_out_served(http, lessons=False, max_tokens=args.max_tokens),
+            )
+        ended = round((time.time() - started) / 60, 2)
+        timeline.append(TimelinePoint(ended, backend.current_version().version, served_end, plain_end, shaped))
+        events = lesson_events(store, started)
+        for event in events:
+            print(f"  lesson {event['id']} {event['status']} at {event['minute']:.2f} min: {event['why'][:100]}")
         # Also at the end of each run, so a long bench shows its results as they come.
         print(
             f"held-out after this run, plain: {after.words:5.1f} words, hits {after.hits:.2f}, "
-            f"distinct {after.distinct:.2f}"
+            f"distinct {after.distinct:.2f}; served {served_end.words:5.1f} words, hits {served_end.hits:.2f}"
         )
         server.should_exit = True
         with contextlib.suppress(Exception):
             await server_task
         await backend.close()
         store.close()
-    return RunResult(seed, judge_kind, after, len(rows), held_back, args.minutes, rows)
+    first = observed.first_correction_at
+    return RunResult(
+        seed,
+        judge_kind,
+        after,
+        len(rows),
+        held_back,
+        args.minutes,
+        rows,
+        timeline,
+        events,
+        None if first is None else round((first - started) / 60, 2),
+    )
 
 
 def run_in_child(seed: int, judge_kind: str) -> RunResult | None:
@@ -441,6 +565,10 @@ def run_in_child(seed: int, judge_kind: str) -> RunResult | None:
             return None
         data = json.loads(result_file.read_text())
     data["after"] = HeldOut(**data["after"])
+    data["timeline"] = [
+        TimelinePoint(p["minute"], p["version"], HeldOut(**p["served"]), HeldOut(**p["plain"]), p["lessons"])
+        for p in data["timeline"]
+    ]
     return RunResult(**data)
 
 
@@ -462,6 +590,59 @@ def verdict_line(before: HeldOut, told: HeldOut, after: HeldOut) -> tuple[bool, 
     }
     text = ", ".join(f"{name} {'ok' if ok else 'FAIL'}" for name, ok in checks.items())
     return all(checks.values()), f"{100 * shorter:.0f}% shorter; {text}"
+
+
+def served_goal(point: TimelinePoint, told: HeldOut) -> bool:
+    """Served held-out replies at most 1.3x the told model's length, keyword hits at least the told model's minus
+    0.10."""
+    return point.served.words <= 1.3 * told.words and point.served.hits >= told.hits - 0.10
+
+
+def lesson_verdict(result: RunResult, told: HeldOut) -> tuple[bool, bool, str]:
+    """(served within 2 minutes of the first correction, a lesson retired and served still in the goal after, the
+    line that says so)."""
+    corrected = result.first_correction_minute
+    effect = next(
+        (p.minute for p in result.timeline if corrected is not None and p.minute >= corrected and served_goal(p, told)),
+        None,
+    )
+    fast = corrected is not None and effect is not None and effect - corrected <= 2.0
+    retired = next((e["minute"] for e in result.lessons if e["status"] == "retired"), None)
+    after_retirement = [p for p in result.timeline if retired is not None and p.minute >= retired]
+    kept = retired is not None and all(served_goal(p, told) for p in after_retirement)
+    first = "n/a" if corrected is None else f"{corrected:.2f}"
+    line = (
+        f"first correction {first} min, served in the goal at {'never' if effect is None else f'{effect:.2f} min'} "
+        f"({'ok' if fast else 'FAIL'}); retired at {'never' if retired is None else f'{retired:.2f} min'}"
+        f"{'' if retired is None else ', served after it ' + ('ok' if kept else 'FAIL')}"
+    )
+    return fast, kept, line
+
+
+def plot_timeline(result: RunResult, told: HeldOut, path: Path) -> None:
+    """Served and plain held-out words over the run's minutes, the told model's length as the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [p.minute for p in result.timeline]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(minutes, [p.served.words for p in result.timeline], marker="o", label="served (with lessons)")
+    ax.plot(minutes, [p.plain.words for p in result.timeline], marker="s", label="plain (x-openclaw-lessons: off)")
+    ax.axhline(told.words, color="gray", linestyle="--", label="base model, told")
+    ax.axhline(1.3 * told.words, color="gray", linestyle=":", label="goal: 1.3x told")
+    for event in result.lessons:
+        if event["status"] in ("active", "retired"):
+            ax.axvline(event["minute"], color="green" if event["status"] == "active" else "red", alpha=0.3)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("held-out words per reply")
+    ax.set_title(f"seed {result.seed}: lesson active (green) / retired (red)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def write_held_out(path: Path, before: HeldOut, told: HeldOut, after: HeldOut) -> None:
@@ -502,7 +683,25 @@ async def main_async(args: argparse.Namespace) -> int:
             f"{r.judge:>9}{r.seed:>6}{r.steps:>7}{r.held_back:>6}{r.after.words:>8.1f}{r.after.hits:>7.2f}"
             f"{r.after.distinct:>10.2f}  {'PASS' if ok else 'fail'}: {line}"
         )
+    print("\n=== lessons: held-out served (as the user gets them) and plain, over the run")
+    fast_runs = retired_runs = 0
+    for r in results:
+        fast, kept, line = lesson_verdict(r, told)
+        fast_runs += fast
+        retired_runs += kept
+        print(f"{r.judge:>9}{r.seed:>6}  {line}")
+        for p in r.timeline:
+            print(
+                f"{'':>17}{p.minute:6.2f} min v{p.version:<3} served {p.served.words:5.1f} w / {p.served.hits:.2f} "
+                f"({p.lessons}); plain {p.plain.words:5.1f} w / {p.plain.hits:.2f}"
+            )
+    print(
+        f"served in the goal within 2 min of the first correction: {fast_runs} of {len(results)} runs; "
+        f"retired with served kept in the goal: {retired_runs} of {len(results)}"
+    )
     if args.plot_dir is not None:
+        for r in results:
+            plot_timeline(r, told, args.plot_dir / f"lessons-{r.judge}-seed{r.seed}.png")
         for r in results:
             write_held_out(args.plot_dir / f"held-out-{r.judge}-seed{r.seed}.json", before, told, r.after)
     for r in results[:1]:

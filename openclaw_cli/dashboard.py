@@ -40,6 +40,8 @@ class Snapshot:
     last_loss: float | None = None
     errors: list[str] = field(default_factory=list)
     uptime_s: float = 0.0
+    lessons_active: list[str] = field(default_factory=list)  # the active lessons' texts, oldest first
+    lessons_by_status: dict[str, int] = field(default_factory=dict)
 
 
 def sparkline(values: list[float], low: float = -1.0, high: float = 1.0, width: int = 24) -> str:
@@ -79,6 +81,11 @@ def render(snapshot: Snapshot) -> Panel:
     table.add_row("reward", _fmt_reward(snapshot.rewards))
     if snapshot.last_loss is not None:
         table.add_row("loss", f"{snapshot.last_loss:.4f}")
+    if snapshot.lessons_by_status:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(snapshot.lessons_by_status.items()))
+        table.add_row("lessons", counts)
+        for text in snapshot.lessons_active[-3:]:
+            table.add_row("", Text(f"• {text}", style="green"))
     parts: list[Table | Text] = [table]
     for error in snapshot.errors[-3:]:
         parts.append(Text(error, style="red"))
@@ -92,5 +99,6 @@ def log_line(snapshot: Snapshot) -> str:
         f"version {snapshot.policy_version} step {snapshot.steps} | requests {snapshot.requests_total} "
         f"(in flight {snapshot.in_flight}) | sessions {snapshot.sessions_open} open | turns ready "
         f"{snapshot.turns_ready}, judged {snapshot.judged}, trained {snapshot.trained} | reward {reward} | "
+        f"lessons {snapshot.lessons_by_status.get('active', 0)} active | "
         f"backend {'ok' if snapshot.backend_ok else 'UNHEALTHY'}"
     )

@@ -150,6 +150,9 @@ class Runtime:
             errors.append(f"trainer: {trainer.last_error}")
         if self.judge.stats.last_error:
             errors.append(f"judge: {self.judge.stats.last_error}")
+        lessons = self.lessons.status() if self.lessons is not None else {"counts": {}, "active": []}
+        if self.lessons is not None and self.lessons.last_error:
+            errors.append(f"lessons: {self.lessons.last_error}")
         return Snapshot(
             url=self.url,
             backend=self.backend.name,
@@ -170,6 +173,8 @@ class Runtime:
             last_loss=trainer.last_metrics.get("loss"),
             errors=errors,
             uptime_s=time.time() - self.started_at,
+            lessons_active=[lesson["text"] for lesson in lessons["active"]],
+            lessons_by_status=lessons["counts"],
         )
 
     def _note(self, error: str) -> None:

@@ -111,10 +111,12 @@ def test_dashboard_shows_the_numbers_that_say_whether_it_learns() -> None:
         batch_size=4,
         rewards=[-0.5, 0.25],
         last_loss=0.125,
+        lessons_active=["Too wordy. Just give me the key fact."],
+        lessons_by_status={"active": 1, "retired": 2},
     )
     assert log_line(snapshot) == (
         "version 3 step 2 | requests 12 (in flight 0) | sessions 2 open | turns ready 4, judged 9, trained 8 | "
-        "reward +0.25 | backend ok"
+        "reward +0.25 | lessons 1 active | backend ok"
     )
     console = Console(record=True, width=120)
     console.print(render(snapshot))
@@ -122,6 +124,7 @@ def test_dashboard_shows_the_numbers_that_say_whether_it_learns() -> None:
     assert "version 3, 2 step(s), method rl" in text
     assert "4 ready, 9 judged, 8 trained (batch 4)" in text
     assert "+0.25 (last 5 mean -0.12) ▃▆" in text
+    assert "1 active, 2 retired" in text and "• Too wordy. Just give me the key fact." in text
     unhealthy = Snapshot(url="u", backend="local", backend_ok=False, policy_version=-1, errors=["trainer: boom"])
     assert log_line(unhealthy).endswith("backend UNHEALTHY")
     console = Console(record=True, width=120)

@@ -140,7 +140,7 @@ def test_lesson_budget_keeps_the_block_within_max_tokens(make_proxy: Any, tiny_t
     settings.lessons.max_tokens = 20
     long_lesson = "Always answer with exactly one sentence and never add any explanation or any examples at all."
     book = _book({"local": [ActiveLesson(1, "Be brief."), ActiveLesson(2, long_lesson)]})
-    proxy, server = _start(make_proxy, tiny_tokenizer, settings, book)
+    _, server = _start(make_proxy, tiny_tokenizer, settings, book)
     try:
         body = {"model": "openclaw-policy", "messages": [{"role": "user", "content": "hi"}]}
         reply = httpx.post(f"{server.base_url}/v1/chat/completions", json=body)
@@ -439,3 +439,57 @@ async def test_forgetting_erases_the_text_and_says_weights_keep_it(keeper_parts:
     assert "until you roll back" in forgotten.evidence[-1]["why"]
     assert keeper.book.for_owner("local") == []
     await asyncio.sleep(0)
+
+
+# --- the HTTP routes and the CLI ----------------------------------------------------------------------------------
+def test_lesson_routes_teach_list_rate_and_forget_per_owner(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    from openclaw_cli.learn.lessons import lesson_keeper
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    alice, bob = "sk-alice-0123456789", "sk-bob-0123456789"
+    settings = Settings(api_key=alice, api_keys=[bob])
+    store = Store(tmp_path / "store.sqlite3")
+    backend = FakeBackend(tiny_tokenizer, ["A long answer."] * 10)
+    keeper = lesson_keeper(store, backend, settings)
+    app = create_app(backend, SessionCapture(store, settings), settings, lessons=keeper.book, lesson_desk=keeper)
+    server = BackgroundServer(app).start()
+    url = server.base_url
+    as_alice, as_bob = {"x-api-key": alice}, {"x-api-key": bob}
+    try:
+        taught = httpx.post(f"{url}/v1/openclaw/lessons", json={"text": LESSON}, headers=as_alice)
+        assert taught.status_code == 201 and taught.json()["status"] == "active"
+        lesson_id = taught.json()["id"]
+        assert [x["id"] for x in httpx.get(f"{url}/v1/openclaw/lessons", headers=as_alice).json()["lessons"]] == [
+            lesson_id
+        ]
+        assert httpx.get(f"{url}/v1/openclaw/lessons", headers=as_bob).json()["lessons"] == []
+        assert httpx.get(f"{url}/v1/openclaw/lessons/{lesson_id}", headers=as_bob).status_code == 404
+        chat = {"model": "openclaw-policy", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=chat, headers=as_alice)
+        assert reply.headers["x-openclaw-lessons"] == str(lesson_id)  # from the very next request
+        response_id = reply.json()["id"]
+        bad = httpx.post(
+            f"{url}/v1/openclaw/feedback", json={"response_id": response_id, "rating": 5}, headers=as_alice
+        )
+        assert bad.status_code == 400 and "rating" in bad.json()["error"]["message"]
+        assert store.feedback_for(1) is None  # a bad request changed nothing
+        theirs = httpx.post(
+            f"{url}/v1/openclaw/feedback", json={"response_id": response_id, "rating": "down"}, headers=as_bob
+        )
+        assert theirs.status_code == 404
+        rated = httpx.post(
+            f"{url}/v1/openclaw/feedback",
+            json={"response_id": response_id, "rating": "down", "text": "Use bullet points from now on."},
+            headers=as_alice,
+        )
+        assert rated.status_code == 201 and rated.json()["lesson"]["status"] == "candidate"
+        assert store.feedback_for(rated.json()["turn_id"]) == (-1, "Use bullet points from now on.")
+        forgotten = httpx.delete(f"{url}/v1/openclaw/lessons/{lesson_id}", headers=as_alice)
+        assert forgotten.status_code == 200 and "roll back" in forgotten.json()["note"]
+        again = httpx.post(f"{url}/v1/chat/completions", json=chat, headers=as_alice)
+        assert again.headers["x-openclaw-lessons"] == "none"
+        assert httpx.get(f"{url}/v1/openclaw/lessons/abc", headers=as_alice).status_code == 400
+    finally:
+        server.stop()
+        store.close()

