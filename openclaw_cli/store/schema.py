@@ -144,15 +144,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX IF NOT EXISTS claims_turn ON claims(turn_id)",
         "CREATE INDEX IF NOT EXISTS prefix_index_turn ON prefix_index(turn_id)",
     ),
-    # 3 -> 4: lessons (see openclaw_cli.learn.lessons). Who each turn was served for, which lessons shaped it, the
+    # 3 -> 4: lessons (see openclaw_cli.learn.lessons); IF NOT EXISTS, like 3, so a store whose version was set back
+    # (tests of older migrations do) migrates again. Who each turn was served for, which lessons shaped it, the
     # lessons with the evidence for every change of status, and the users' explicit ratings of turns.
     (
-        """CREATE TABLE turn_owners (
+        """CREATE TABLE IF NOT EXISTS turn_owners (
             turn_id INTEGER PRIMARY KEY REFERENCES turns(id),
             owner TEXT NOT NULL               -- key:<hash> | local | session:<scope>; never a key itself
         )""",
-        "CREATE INDEX turn_owners_owner ON turn_owners(owner, turn_id)",
-        """CREATE TABLE lessons (
+        "CREATE INDEX IF NOT EXISTS turn_owners_owner ON turn_owners(owner, turn_id)",
+        """CREATE TABLE IF NOT EXISTS lessons (
             id INTEGER PRIMARY KEY,
             owner TEXT NOT NULL,
             text TEXT NOT NULL,               -- the standing instruction, redacted like everything stored
@@ -163,21 +164,21 @@ MIGRATIONS: list[tuple[str, ...]] = [
             created_at REAL NOT NULL,
             updated_at REAL NOT NULL
         )""",
-        "CREATE INDEX lessons_owner ON lessons(owner, status)",
-        """CREATE TABLE lesson_uses (
+        "CREATE INDEX IF NOT EXISTS lessons_owner ON lessons(owner, status)",
+        """CREATE TABLE IF NOT EXISTS lesson_uses (
             lesson_id INTEGER NOT NULL REFERENCES lessons(id),
             turn_id INTEGER NOT NULL REFERENCES turns(id),
             PRIMARY KEY (lesson_id, turn_id)
         ) WITHOUT ROWID""",
-        "CREATE INDEX lesson_uses_turn ON lesson_uses(turn_id)",
-        """CREATE TABLE feedback (
+        "CREATE INDEX IF NOT EXISTS lesson_uses_turn ON lesson_uses(turn_id)",
+        """CREATE TABLE IF NOT EXISTS feedback (
             id INTEGER PRIMARY KEY,
             turn_id INTEGER NOT NULL REFERENCES turns(id),
             rating INTEGER NOT NULL CHECK (rating IN (-1, 1)),
             text TEXT,                        -- redacted; a hint for the turn and a lesson candidate
             created_at REAL NOT NULL
         )""",
-        "CREATE INDEX feedback_turn ON feedback(turn_id)",
+        "CREATE INDEX IF NOT EXISTS feedback_turn ON feedback(turn_id)",
     ),
 ]
 
