@@ -94,8 +94,8 @@ class Ours:
         import httpx
 
         from openclaw_cli.backends.local import LocalBackend
+        from openclaw_cli.capture.sessions import SessionCapture
         from openclaw_cli.proxy import create_app
-        from openclaw_cli.session_capture import SessionCapture
         from openclaw_cli.settings import Settings
         from openclaw_cli.store import Store
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learning import CORRECTION, INSTRUCTION, QUESTIONS, SYSTEM, word_count
 
-from openclaw_cli.algorithms.opd import HINT_HEADER, teacher_messages
+from openclaw_cli.learn.algorithms.opd import HINT_HEADER, teacher_messages
 
 
 def _with_hint_after_last_user(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ The policy judges itself (as ``openclaw launch`` does with no judge model) on th
 ``tests/data/judge_next_states.jsonl``: 84 steps (an assistant reply and what came next), 37 where the user or a tool
 shows the reply worked (+1), 37 corrections, complaints or tool errors (-1), 10 neutral follow-ups (0; a question
 about something else, "Hmm, ok.", an empty tool output). For each mode the script runs
-:meth:`openclaw_cli.judge.JudgeLoop.judge_turn` on every step and prints: the share of valid verdicts (a readout
+:meth:`openclaw_cli.learn.judge.JudgeLoop.judge_turn` on every step and prints: the share of valid verdicts (a readout
 that produced a verdict at all; vote mode can fail to parse), the AUC of the log-odds (or vote) on the +-1 steps,
 the accuracy of its sign (margin 0) on them, how many +-1 steps get a non-zero reward at ``judge.margin`` and how
 many of those are right, how many neutral steps are masked (reward 0), and seconds per verdict. It chose the
@@ -44,7 +44,7 @@ def auc(pairs: list[tuple[int, float]]) -> float:
 
 async def main_async(args: argparse.Namespace) -> int:
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.judge import JudgeLoop, PolicyJudgeClient
+    from openclaw_cli.learn.judge import JudgeLoop, PolicyJudgeClient
     from openclaw_cli.settings import Settings
 
     settings = Settings(model=None if args.model == "smollm2" else args.model)

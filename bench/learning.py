@@ -272,7 +272,7 @@ def judge_readout(scored: list[tuple[str, float]]) -> dict[str, dict[str, float]
 def judged_reactions(store: Any) -> list[tuple[str, float]]:
     """``(reaction, score)`` for every main-line turn the judge scored whose next state is one of the script's lines:
     the judge's accuracy on this run's own turns (the users know what they meant)."""
-    from openclaw_cli.judge import JUDGE_CONSUMER
+    from openclaw_cli.learn.judge import JUDGE_CONSUMER
     from openclaw_cli.tokenizer import flatten_content
 
     pairs = []
@@ -309,7 +309,7 @@ class HeldOut:
 
     @classmethod
     def of(cls, replies: list[str]) -> HeldOut:
-        from openclaw_cli.collapse_guard import distinct_ratio
+        from openclaw_cli.learn.collapse_guard import distinct_ratio
 
         keys = list(SCRIPT.held_out.values())
         hits = [names_a_key_word(r, ks) for r, ks in zip(replies, keys, strict=True)]
@@ -437,13 +437,13 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
     import httpx
 
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.judge import JudgeLoop, make_judge_client
+    from openclaw_cli.capture.sessions import SessionCapture
+    from openclaw_cli.learn.judge import JudgeLoop, make_judge_client
     from openclaw_cli.learn.lessons import lesson_keeper
-    from openclaw_cli.promotion import make_publisher
+    from openclaw_cli.learn.promotion import make_publisher
+    from openclaw_cli.learn.trainer_loop import TrainerLoop
     from openclaw_cli.proxy import create_app
-    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
-    from openclaw_cli.trainer_loop import TrainerLoop
 
     args.seed = seed
     random.seed(seed)
@@ -508,7 +508,7 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
         held_back = gate.guard.held if gate is not None and gate.guard is not None else 0
         print_judge_readout(judge_readout(await asyncio.to_thread(judged_reactions, store)))
         if plot_dir is not None and rows:
-            from openclaw_cli.eval import plot_reward_over_steps
+            from openclaw_cli.learn.evaluation import plot_reward_over_steps
 
             plot_dir.mkdir(parents=True, exist_ok=True)
             path = plot_dir / f"learning-{judge_kind}-seed{seed}.png"

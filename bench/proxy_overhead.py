@@ -145,7 +145,7 @@ def proxy_app(upstream: str, store_path: str | None) -> Any:
     settings = Settings()
     sink: Any = MemorySink()
     if store_path:
-        from openclaw_cli.session_capture import SessionCapture
+        from openclaw_cli.capture.sessions import SessionCapture
         from openclaw_cli.store import Store
 
         sink = SessionCapture(Store(Path(store_path)), settings)
@@ -281,7 +281,7 @@ def main() -> None:
         procs.append(proxy_proc)
         targets.append(("openclaw (memory capture)", proxy + "/v1/chat/completions", "openclaw", proxy_proc))
         try:
-            import openclaw_cli.session_capture
+            import openclaw_cli.capture.sessions
             import openclaw_cli.store  # noqa: F401
 
             stored_proc, stored = start_own("proxy", upstream, str(workdir / "store.sqlite3"))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 

@@ -130,8 +130,8 @@ async def main_async(args: argparse.Namespace) -> int:
     import httpx
 
     from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.capture.sessions import SessionCapture
     from openclaw_cli.proxy import create_app
-    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
     from openclaw_cli.types import AdamParams
 

@@ -194,11 +194,11 @@ def _unavailable_command(name: str, reason: str) -> click.Command:
 
 
 LAZY_COMMANDS: dict[str, Callable[[], Any]] = {
-    "export": _lazy_typer_command("export", "openclaw_cli.export", "export_command"),
-    "eval": _lazy_typer_command("eval", "openclaw_cli.eval", "eval_command"),
-    "connect": _lazy_typer_command("connect", "openclaw_cli.connect", "connect_command"),
+    "export": _lazy_typer_command("export", "openclaw_cli.commands.export", "export_command"),
+    "eval": _lazy_typer_command("eval", "openclaw_cli.commands.eval", "eval_command"),
+    "connect": _lazy_typer_command("connect", "openclaw_cli.commands.connect", "connect_command"),
     "train": _lazy_typer_command("train", "openclaw_cli.env_training.cli", "train_command"),
-    "rollback": _lazy_typer_command("rollback", "openclaw_cli.rollback", "rollback_command"),
+    "rollback": _lazy_typer_command("rollback", "openclaw_cli.commands.rollback", "rollback_command"),
     "lessons": _lazy_typer_group("lessons", "openclaw_cli.commands.lessons", "lessons_app"),
 }
 

@@ -1,5 +1,5 @@
 """Where an instruction goes in a conversation so that the model follows it: one placement, measured, shared by the
-OPD teacher's hint (:func:`openclaw_cli.algorithms.opd.teacher_messages`) and the lessons the proxy serves
+OPD teacher's hint (:func:`openclaw_cli.learn.algorithms.opd.teacher_messages`) and the lessons the proxy serves
 (:mod:`openclaw_cli.lesson_prompt`), so a lesson is served exactly as the teacher reads a correction.
 
 For the first reply to a conversation (no assistant message in it yet) the instruction goes into the system message

@@ -2,8 +2,8 @@
 
 - serve: the proxy app under uvicorn's ``Server.serve()`` (capture happens inside it through ``SessionCapture``);
 - expire: closes idle sessions so their last turn becomes judgeable;
-- judge: :class:`~openclaw_cli.judge.JudgeLoop`;
-- train: :class:`~openclaw_cli.trainer_loop.TrainerLoop` (resumed from the newest checkpoint first).
+- judge: :class:`~openclaw_cli.learn.judge.JudgeLoop`;
+- train: :class:`~openclaw_cli.learn.trainer_loop.TrainerLoop` (resumed from the newest checkpoint first).
 
 They share nothing but the store and the backend, and the backend runs model work in worker threads, so a training
 step never blocks a reply and a stalled judge never blocks training of what was already judged.
@@ -33,20 +33,20 @@ import uvicorn
 
 from openclaw_cli import eventloop
 from openclaw_cli.backend import Backend, create_backend
+from openclaw_cli.capture.retention import purge_expired, retention_loop
 from openclaw_cli.dashboard import Snapshot, log_line, render
+from openclaw_cli.learn.trainer_loop import TrainerLoop
 from openclaw_cli.proxy.app import create_app
 from openclaw_cli.proxy.server import check_bind
-from openclaw_cli.retention import purge_expired, retention_loop
 from openclaw_cli.settings import Settings
-from openclaw_cli.trainer_loop import TrainerLoop
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from openclaw_cli.judge import JudgeClient, JudgeLoop
+    from openclaw_cli.capture.sessions import SessionCapture
+    from openclaw_cli.learn.judge import JudgeClient, JudgeLoop
     from openclaw_cli.learn.lessons import LessonKeeper
-    from openclaw_cli.promotion import PromotionGate
-    from openclaw_cli.session_capture import SessionCapture
+    from openclaw_cli.learn.promotion import PromotionGate
     from openclaw_cli.store import Store
 
 log = logging.getLogger("openclaw.launch")
@@ -89,8 +89,8 @@ class Runtime:
     def loop_status(self) -> dict[str, Any]:
         """The loops' backlog and counters for ``/v1/openclaw/status`` (reads the store: call it from a worker
         thread). Ages are seconds; None when nothing waits."""
-        from openclaw_cli.judge import JUDGE_CONSUMER
-        from openclaw_cli.trainer_loop import CONSUMER as TRAINER_CONSUMER
+        from openclaw_cli.learn.judge import JUDGE_CONSUMER
+        from openclaw_cli.learn.trainer_loop import CONSUMER as TRAINER_CONSUMER
 
         now = time.time()
 
@@ -197,8 +197,8 @@ async def launch(
     everything is up and the port accepts connections; ``backend`` (not started) replaces the one named by the
     settings (tests and benches; it is started and closed here like the named one).
     """
-    from openclaw_cli.judge import JudgeLoop, make_judge_client
-    from openclaw_cli.session_capture import SessionCapture
+    from openclaw_cli.capture.sessions import SessionCapture
+    from openclaw_cli.learn.judge import JudgeLoop, make_judge_client
     from openclaw_cli.store import Store
 
     check_bind(settings)
@@ -212,7 +212,7 @@ async def launch(
         store = Store(settings.store.path)
         backend = given_backend if given_backend is not None else create_backend(settings)
         if settings.train.promotion_gate:  # refuse before loading a model for nothing
-            from openclaw_cli.promotion import require_gate_support
+            from openclaw_cli.learn.promotion import require_gate_support
 
             require_gate_support(backend)
         await backend.start()
@@ -220,7 +220,7 @@ async def launch(
         client = judge_client if judge_client is not None else make_judge_client(settings, backend)
         trainer = TrainerLoop(store, backend, settings)
         judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
-        from openclaw_cli.promotion import make_publisher
+        from openclaw_cli.learn.promotion import make_publisher
 
         gate = make_publisher(store, backend, client, settings)
         if gate is not None:

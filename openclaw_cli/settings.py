@@ -48,7 +48,7 @@ class JudgeSettings(_Section):
     api_key: SecretStr | None = Field(None, description="Key for the judge endpoint.")
     mode: Literal["auto", "channel", "logprob", "vote"] = Field(
         "auto",
-        description="How a verdict is read (see openclaw_cli/judge_verdict.py): channel = likelihood of the next "
+        description="How a verdict is read (see openclaw_cli/learn/judge_verdict.py): channel = likelihood of the next "
         "state after a happy vs an unhappy prefix (policy judge only); logprob = the judge's next-token distribution "
         "over good/bad/unclear (policy judge, or an OpenAI-compatible endpoint with top_logprobs); vote = sampled "
         "chain-of-thought votes with majority (strong judges). auto = channel for the policy judging itself, "
@@ -149,7 +149,7 @@ class TrainSettings(_Section):
         description="Hindsight demonstrations (opd / combined): for a hinted turn (see demo_for), the base "
         "model's reply to the conversation with the hint is trained as a reply without it, with this advantage on "
         "every token (0 = off); under Adam it sets the demonstrations' share of a step, not its size (0.5 and 2.0 "
-        "measured no better than 1.0). See openclaw_cli/hindsight_demos.py; measured in docs/learning.md.",
+        "measured no better than 1.0). See openclaw_cli/learn/hindsight_demos.py; measured in docs/learning.md.",
     )
     demo_for: Literal["every", "unapproved"] = Field(
         "every",
@@ -163,7 +163,7 @@ class TrainSettings(_Section):
         ge=0,
         le=16,
         description="Later steps each hindsight demonstration is trained again in, rescored by the current policy "
-        "(0 = once). See DemoReplay in openclaw_cli/hindsight_demos.py; measured in docs/learning.md.",
+        "(0 = once). See DemoReplay in openclaw_cli/learn/hindsight_demos.py; measured in docs/learning.md.",
     )
     demo_max_tokens: int = Field(
         128, ge=1, le=4096, description="Token budget of a hindsight demonstration (a cut-off one is dropped)."
@@ -174,7 +174,7 @@ class TrainSettings(_Section):
         le=64,
         description="Loop probe: each step, greedy replies of the current policy to this many of the batch's prompts; "
         "one that runs into a loop (repeats one span to the token budget) has its first repetition trained with "
-        "advantage -1 (0 = off). See openclaw_cli/loop_probe.py; measured in docs/learning.md.",
+        "advantage -1 (0 = off). See openclaw_cli/learn/loop_probe.py; measured in docs/learning.md.",
     )
     loop_probe_tokens: int = Field(
         64, ge=8, le=4096, description="Token budget of a loop probe's greedy reply (a loop must reach it to count)."
@@ -182,7 +182,7 @@ class TrainSettings(_Section):
     collapse_guard: bool = Field(
         True,
         description="Probe each new version (repetition, empty replies, KL to base) before it serves; a failing "
-        "version never serves and training rewinds to the served one (openclaw_cli/collapse_guard.py).",
+        "version never serves and training rewinds to the served one (openclaw_cli/learn/collapse_guard.py).",
     )
     guard_max_kl: float = Field(1.0, gt=0.0, description="Collapse guard: largest per-token KL estimate to base.")
     guard_min_distinct: float = Field(
@@ -193,7 +193,7 @@ class TrainSettings(_Section):
     promotion_gate: bool = Field(
         False,
         description="Serve a newly trained version only once an eval on held-out stored sessions shows no "
-        "regression against the served one (see openclaw_cli/promotion.py); else it stays unserved.",
+        "regression against the served one (see openclaw_cli/learn/promotion.py); else it stays unserved.",
     )
     gate_sessions: int = Field(16, ge=1, le=1024, description="Promotion gate: held-out sessions evaluated.")
     gate_margin: float = Field(
@@ -257,7 +257,7 @@ class StoreSettings(_Section):
     redact: bool | list[Literal["email", "api_key", "phone"]] = Field(
         False,
         description="Redact these kinds (true = all) from text sent to a judge or exported, and keep turns "
-        "containing them away from a cloud trainer (see openclaw_cli/redaction.py).",
+        "containing them away from a cloud trainer (see openclaw_cli/capture/redaction.py).",
     )
 
 
@@ -755,7 +755,7 @@ def _as_text(value: Any) -> str:
 def _masked_mapping(value: dict[str, Any], leaf: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
     """A free-form section (plugins) as shown, ``leaf`` applied to each value: a value under a secret-looking key
     never appears."""
-    from openclaw_cli.secrets_scrub import is_secret_name
+    from openclaw_cli.capture.secrets_scrub import is_secret_name
 
     return {
         key: _masked_mapping(item, leaf)

@@ -2,7 +2,7 @@
 
 `openclaw launch`'s runtime serves a policy, a scripted user talks to it through the real `openai` SDK and corrects
 every reply that lacks a chosen behaviour, a scripted judge (a test double of
-:class:`~openclaw_cli.judge.JudgeClient`) reads the corrections from the next state, and the trainer updates the
+:class:`~openclaw_cli.learn.judge.JudgeClient`) reads the corrections from the next state, and the trainer updates the
 served policy. :func:`run_scenario` plays it and returns what was measured; each test asserts on it.
 
 The behaviour: **the reply starts with a word** (its first non-blank character is a letter). The shared tiny model

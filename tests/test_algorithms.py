@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from openclaw_cli.algorithms import (
+from openclaw_cli.learn.algorithms import (
     HINT_HEADER,
     RunningBaseline,
     TrainSample,
@@ -15,7 +15,7 @@ from openclaw_cli.algorithms import (
     ppo_loss_config,
     teacher_messages,
 )
-from openclaw_cli.hindsight_demos import echoes_hint, repeats_itself, talks_about_the_question
+from openclaw_cli.learn.hindsight_demos import echoes_hint, repeats_itself, talks_about_the_question
 from openclaw_cli.settings import TrainSettings
 
 

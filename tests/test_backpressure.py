@@ -20,10 +20,10 @@ from runtime_helpers import free_port
 from typer.testing import CliRunner
 
 from openclaw_cli.capture import CapturedExchange, RecordedTurn
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.cli import app as cli_app
 from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.proxy import BackgroundServer, create_app
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import JudgeSettings, LocalSettings, Settings, StoreSettings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink

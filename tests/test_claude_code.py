@@ -36,9 +36,9 @@ import httpx
 import pytest
 from api_shapes import anthropic_sse_events
 
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.anthropic_convert import to_openai_messages
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
 from openclaw_cli.testing.fake_backend import FakeBackend, ScriptedReply

@@ -369,7 +369,7 @@ def test_status_renders_the_server_answer_and_sends_the_key(monkeypatch, status_
 def fake_proxy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     calls: list[Any] = []
     module = types.ModuleType(PROXY)
-    module.run_server = calls.append  # type: ignore[attr-defined]
+    module.run_server = lambda settings, **_: calls.append(settings)  # type: ignore[attr-defined]
     module.ProxyConfigError = ProxyConfigError  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, PROXY, module)
     return calls
@@ -423,7 +423,7 @@ class ProxyConfigError(ValueError):
 def test_errors_while_serving_are_one_line_with_their_exit_code(
     fake_proxy, monkeypatch, error: Exception, exit_code: int
 ):
-    def fail(settings: Any) -> None:
+    def fail(settings: Any, **_: Any) -> None:
         raise error
 
     monkeypatch.setattr(sys.modules[PROXY], "run_server", fail)
@@ -433,7 +433,7 @@ def test_errors_while_serving_are_one_line_with_their_exit_code(
 
 
 def test_unexpected_errors_are_one_line_unless_debug(fake_proxy, monkeypatch):
-    def crash(settings: Any) -> None:
+    def crash(settings: Any, **_: Any) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(sys.modules[PROXY], "run_server", crash)
@@ -470,7 +470,7 @@ def test_launch_refuses_a_public_bind_without_api_key(fake_runtime):
 
 
 def test_export_without_its_module_says_so(monkeypatch):
-    monkeypatch.setitem(sys.modules, "openclaw_cli.export", None)
+    monkeypatch.setitem(sys.modules, "openclaw_cli.commands.export", None)
     result = invoke("export", "--format", "tokens")
     assert_clean_failure(result, 1)
     assert "export (openclaw export) is not available in this build" in result.stderr
@@ -486,9 +486,9 @@ def test_export_is_registered_lazily_and_gets_the_global_config(monkeypatch, tmp
         """Export captured turns."""
         received.update(config=config, fmt=fmt)
 
-    module = types.ModuleType("openclaw_cli.export")
+    module = types.ModuleType("openclaw_cli.commands.export")
     module.export_command = export_command  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "openclaw_cli.export", module)
+    monkeypatch.setitem(sys.modules, "openclaw_cli.commands.export", module)
     (tmp_path / "x.toml").write_text("")
 
     assert "export" in invoke("--help").stdout

@@ -26,8 +26,8 @@ from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend
 from openclaw_cli.backends.fireworks.stepwise import FireworksStepwiseBackend
 from openclaw_cli.backends.tinker import TinkerBackend
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.promotion import PromotionGate
-from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.promotion import PromotionGate
 from openclaw_cli.settings import FireworksSettings, LocalSettings, LoraSettings, Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fireworks_double import FireworksDouble, double_settings

@@ -20,8 +20,9 @@ import anthropic
 import pytest
 from typer.testing import CliRunner
 
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.cli import app
-from openclaw_cli.connect import (
+from openclaw_cli.commands.connect import (
     FORMATS,
     KEY_ENV,
     NO_KEY_PLACEHOLDER,
@@ -32,7 +33,6 @@ from openclaw_cli.connect import (
 )
 from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.proxy.models import ModelCatalog
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink

@@ -36,9 +36,9 @@ import openai
 import pytest
 from runtime_helpers import free_port
 
+from openclaw_cli.learn.trainer_loop import list_checkpoints
 from openclaw_cli.store import Store
 from openclaw_cli.testing.judge_server import FakeJudgeServer
-from openclaw_cli.trainer_loop import list_checkpoints
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KILLS = 3

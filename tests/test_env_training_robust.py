@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from openclaw_cli.algorithms import adam_params_from
 from openclaw_cli.backend import NotYetAvailable
 from openclaw_cli.cli import app
 from openclaw_cli.env_training import EnvTrainer, RolloutContext, RolloutError, Trajectory, train_on_env
@@ -26,7 +25,8 @@ from openclaw_cli.env_training.checkpoints import (
     write_manifest,
 )
 from openclaw_cli.env_training.hooks import FunctionEnv
-from openclaw_cli.eval import reward_series
+from openclaw_cli.learn.algorithms import adam_params_from
+from openclaw_cli.learn.evaluation import reward_series
 from openclaw_cli.settings import LocalSettings, Settings, SettingsError, TrainEnvSettings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from openclaw_cli.backends.local import LocalBackend
 from openclaw_cli.cli import app
-from openclaw_cli.eval import (
+from openclaw_cli.learn.evaluation import (
     EvalError,
     EvalItem,
     EvalOptions,
@@ -287,7 +287,7 @@ def test_cli_eval_over_stored_sessions_with_a_checkpoint(
 ) -> None:
     import asyncio
 
-    import openclaw_cli.judge
+    import openclaw_cli.learn.judge
 
     monkeypatch.chdir(tmp_path)
     seed_store(tmp_path / "store.sqlite3").close()
@@ -303,7 +303,7 @@ def test_cli_eval_over_stored_sessions_with_a_checkpoint(
 
     asyncio.run(save_checkpoint())
     judge = ScriptedJudge(pair=lambda first, second: "\\boxed{0}")
-    monkeypatch.setattr(openclaw_cli.judge, "make_judge_client", lambda settings, backend=None: judge)
+    monkeypatch.setattr(openclaw_cli.learn.judge, "make_judge_client", lambda settings, backend=None: judge)
     sets = [
         f"model={tiny_model_dir}",
         "lora.rank=4",

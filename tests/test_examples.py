@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.proxy import BackgroundServer, create_app
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink

@@ -14,8 +14,8 @@ import typer
 from typer.testing import CliRunner
 
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.export import ExportFilters, ExportFormat, export_turns, parse_since
-from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.commands.export import ExportFilters, ExportFormat, export_turns, parse_since
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 

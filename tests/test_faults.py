@@ -14,8 +14,8 @@ import openai
 import pytest
 from runtime_helpers import runtime_settings as tiny_runtime_settings
 
-from openclaw_cli.judge import JudgeLoop, OpenAIJudgeClient
 from openclaw_cli.launch import Runtime, launch
+from openclaw_cli.learn.judge import JudgeLoop, OpenAIJudgeClient
 from openclaw_cli.settings import Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.judge_server import FakeJudgeServer
@@ -173,7 +173,7 @@ async def test_a_retried_step_after_an_optim_step_failure_accumulates_the_batch_
     import torch
 
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.trainer_loop import TrainerLoop
+    from openclaw_cli.learn.trainer_loop import TrainerLoop
     from openclaw_cli.types import AdamParams
 
     settings = runtime_settings(tiny_model_dir, tmp_path, train=TrainSettings(batch_size=2))
@@ -315,7 +315,7 @@ async def test_a_trainer_that_always_fails_skips_batches_and_the_last_good_polic
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS
+    from openclaw_cli.learn.trainer_loop import MAX_STEP_ATTEMPTS
 
     async def broken_optim_step(self: LocalBackend, adam: Any) -> Any:
         raise RuntimeError("optimizer on a lost device")

@@ -19,12 +19,12 @@ from openclaw_cli.backend import BackendError, NotYetAvailable
 from openclaw_cli.backends.fireworks import FireworksBackend
 from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend, default_deployment_id, sft_row, split_datum
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.trainer_loop import TrainerLoop
 from openclaw_cli.settings import Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fireworks_double import BASE_MODEL, FireworksDouble, double_settings
 from openclaw_cli.testing.store_turns import captured_exchange
-from openclaw_cli.trainer_loop import TrainerLoop
 from openclaw_cli.types import AdamParams, Datum, ParsedAssistant, SamplingParams, ToolCall, datum_from_completion
 
 pytestmark = pytest.mark.timeout(180)

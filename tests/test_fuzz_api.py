@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.proxy import BackgroundServer, create_app
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from judge_replies import completion_response
 
-from openclaw_cli import judge as judge_module
-from openclaw_cli.judge import (
+from openclaw_cli.learn import judge as judge_module
+from openclaw_cli.learn.judge import (
     JudgeConfigError,
     JudgeLoop,
     LiteLLMJudgeClient,
@@ -21,7 +21,7 @@ from openclaw_cli.judge import (
     PolicyJudgeClient,
     make_judge_client,
 )
-from openclaw_cli.judge_prompts import (
+from openclaw_cli.learn.judge_prompts import (
     HINT_END,
     HINT_START,
     HINT_SYSTEM,

@@ -13,8 +13,8 @@ import pytest
 from judge_replies import completion_response
 
 from openclaw_cli.backends.local import LocalBackend
-from openclaw_cli.collapse_guard import distinct_ratio
-from openclaw_cli.judge import (
+from openclaw_cli.learn.collapse_guard import distinct_ratio
+from openclaw_cli.learn.judge import (
     JudgeConfigError,
     JudgeLoop,
     OpenAIJudgeClient,
@@ -22,7 +22,7 @@ from openclaw_cli.judge import (
     resolve_mode,
     words_from_top_logprobs,
 )
-from openclaw_cli.judge_verdict import (
+from openclaw_cli.learn.judge_verdict import (
     CHANNEL_FRAMES,
     channel_log_odds,
     channel_prefix,
@@ -237,7 +237,7 @@ async def test_policy_judge_readouts_agree_with_teacher_forced_scoring(tiny_back
 
 
 async def test_collapse_guard_holds_a_looping_version_and_rewinds_training(tiny_tokenizer: Any, tmp_path: Path) -> None:
-    from openclaw_cli.promotion import make_publisher
+    from openclaw_cli.learn.promotion import make_publisher
 
     def reply(version: int) -> str:
         return "Mount Everest is the tallest mountain on Earth." if version < 2 else "the " * 30

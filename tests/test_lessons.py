@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from openclaw_cli.capture import CapturedExchange
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
 from openclaw_cli.learn.lessons import LessonKeeper, load_active
 from openclaw_cli.lesson_prompt import (
@@ -25,7 +26,6 @@ from openclaw_cli.lesson_prompt import (
     LessonBook,
     key_owner,
 )
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
@@ -345,7 +345,7 @@ async def test_feedback_overrides_the_verdict_and_its_text_is_a_candidate(
 
 
 async def test_trainer_takes_the_users_rating_over_the_judge(tmp_path: Path, tiny_tokenizer: Any) -> None:
-    from openclaw_cli.trainer_loop import TrainerLoop
+    from openclaw_cli.learn.trainer_loop import TrainerLoop
 
     store = Store(tmp_path / "s.sqlite3")
     settings = Settings(method="rl")
@@ -365,8 +365,8 @@ async def test_trainer_takes_the_users_rating_over_the_judge(tmp_path: Path, tin
 async def test_a_lesson_served_turn_is_a_demonstration_for_the_plain_prompt(
     tmp_path: Path, tiny_tokenizer: Any
 ) -> None:
-    from openclaw_cli.algorithms import build_datums
-    from openclaw_cli.trainer_loop import TrainerLoop
+    from openclaw_cli.learn.algorithms import build_datums
+    from openclaw_cli.learn.trainer_loop import TrainerLoop
 
     store = Store(tmp_path / "s.sqlite3")
     settings = Settings(method="rl")

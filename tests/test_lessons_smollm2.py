@@ -27,9 +27,9 @@ SCRIPT = json.loads((Path(__file__).resolve().parents[1] / "bench" / "scripts" /
 async def test_one_correction_shortens_the_next_held_out_reply(tmp_path: Path) -> None:
     from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.capture import CapturedExchange
+    from openclaw_cli.capture.sessions import SessionCapture
     from openclaw_cli.learn.lessons import lesson_keeper
     from openclaw_cli.lesson_prompt import with_lessons
-    from openclaw_cli.session_capture import SessionCapture
     from openclaw_cli.store import Store
 
     settings = Settings(local={"device": "cpu"})

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from openclaw_cli.algorithms import TrainSample, build_datums
-from openclaw_cli.loop_probe import LOOP_ADVANTAGE, align_to_sentence_end, loop_start, probe_loops
+from openclaw_cli.learn.algorithms import TrainSample, build_datums
+from openclaw_cli.learn.loop_probe import LOOP_ADVANTAGE, align_to_sentence_end, loop_start, probe_loops
 from openclaw_cli.settings import TrainSettings
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
 

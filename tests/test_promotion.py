@@ -14,14 +14,14 @@ import pytest
 from runtime_helpers import free_port
 
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.promotion import GateConfigError, PromotionGate, held_out_items
-from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.promotion import GateConfigError, PromotionGate, held_out_items
+from openclaw_cli.learn.trainer_loop import TrainerLoop
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend
 from openclaw_cli.testing.fake_training import FakeTrainingBackend
 from openclaw_cli.testing.store_turns import captured_exchange
-from openclaw_cli.trainer_loop import TrainerLoop
 from openclaw_cli.types import PolicyVersion
 
 pytestmark = pytest.mark.timeout(60)

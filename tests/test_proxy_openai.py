@@ -386,7 +386,7 @@ def test_policy_version_is_reported_and_stored(make_proxy):
 def test_real_session_capture_pairs_turns(make_proxy, tmp_path):
     """Through the real store: a streamed tool call, then the client's follow-up with the tool result, land in one
     session, and the first turn gets the tool result as its next state."""
-    sessions = pytest.importorskip("openclaw_cli.session_capture")
+    sessions = pytest.importorskip("openclaw_cli.capture.sessions")
     store_mod = pytest.importorskip("openclaw_cli.store")
     store = store_mod.Store(tmp_path / "store.sqlite3")
     try:

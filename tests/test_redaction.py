@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from openclaw_cli.export import ExportFilters, ExportFormat, export_turns
-from openclaw_cli.judge import JudgeLoop
-from openclaw_cli.redaction import ALL_KINDS, Redactor, enabled_kinds, withhold_from_training
+from openclaw_cli.capture.redaction import ALL_KINDS, Redactor, enabled_kinds, withhold_from_training
+from openclaw_cli.commands.export import ExportFilters, ExportFormat, export_turns
+from openclaw_cli.learn.judge import JudgeLoop
+from openclaw_cli.learn.trainer_loop import TrainerLoop
 from openclaw_cli.settings import Settings, SettingsError, load_settings
 from openclaw_cli.store import Store, TurnRecord
 from openclaw_cli.testing.store_turns import new_turn
-from openclaw_cli.trainer_loop import TrainerLoop
 
 EMAIL = "jane.doe+work@mail.example.co.uk"
 OPENAI_KEY = "sk-proj-Abc123Def456Ghi789Jkl012"
@@ -279,7 +279,7 @@ def test_export_command_honours_the_setting(tmp_path, monkeypatch):
 
 
 async def test_a_secret_at_the_judge_prompts_clip_boundary_is_not_half_sent(tmp_path):
-    from openclaw_cli.judge_prompts import REPLY_CHARS
+    from openclaw_cli.learn.judge_prompts import REPLY_CHARS
 
     head = REPLY_CHARS * 2 // 3  # clip_middle keeps this many leading characters of a long reply
     reply = "x" * (head - 14) + " " + OPENAI_KEY + " " + "y" * REPLY_CHARS  # the clip cuts the key after 13 chars

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from openclaw_cli.capture.retention import DAY_S, purge_expired, retention_cutoff, retention_loop
 from openclaw_cli.launch import Runtime, launch
-from openclaw_cli.retention import DAY_S, purge_expired, retention_cutoff, retention_loop
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import MIGRATIONS, Store
 from openclaw_cli.testing.fake_backend import FakeBackend

@@ -24,13 +24,13 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 from typer.testing import CliRunner
 
+from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.cli import app as cli_app
-from openclaw_cli.export import ExportFilters, ExportFormat, export_turns
+from openclaw_cli.commands.export import ExportFilters, ExportFormat, export_turns
 from openclaw_cli.proxy import BackgroundServer, ProxyConfigError, create_app
 from openclaw_cli.proxy import auth as auth_module
 from openclaw_cli.proxy import server as server_module
 from openclaw_cli.proxy.auth import OPEN_PATHS, key_matches
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.fake_backend import FakeBackend, MemorySink

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.session_capture import (
+from openclaw_cli.capture.sessions import (
     SessionCapture,
     canonical_message,
     history_hashes,
@@ -173,7 +173,7 @@ def test_history_hashes_change_with_content_that_matters() -> None:
 
 
 def test_remembered_chain_steps_equal_recomputed_ones() -> None:
-    from openclaw_cli import session_capture as sessions
+    from openclaw_cli.capture import sessions
 
     history = [SYSTEM, {"role": "user", "content": "fix  the\nbug"}, {"role": "assistant", "content": "done"}]
     sessions._chain_cache.clear()

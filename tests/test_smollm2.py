@@ -88,7 +88,7 @@ async def test_the_default_judge_reads_the_labelled_next_states_on_smollm2() -> 
     from types import SimpleNamespace
 
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.judge import JudgeLoop, make_judge_client
+    from openclaw_cli.learn.judge import JudgeLoop, make_judge_client
 
     items = [
         json.loads(line)

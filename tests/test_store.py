@@ -263,7 +263,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from openclaw_cli.capture import CapturedExchange
-    from openclaw_cli.session_capture import SessionCapture
+    from openclaw_cli.capture.sessions import SessionCapture
     from openclaw_cli.settings import Settings
     from openclaw_cli.store import Store
 

@@ -20,13 +20,13 @@ from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.tinker import SUPPORTED_MODELS, TinkerBackend, model_check
 from openclaw_cli.backends.tinker_shaped import TinkerShapedSdk
 from openclaw_cli.backends.tinker_wire import sdk_datum
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.trainer_loop import TrainerLoop
 from openclaw_cli.proxy.errors import from_backend_error
-from openclaw_cli.session_capture import SessionCapture
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.store_turns import captured_exchange
 from openclaw_cli.testing.tinker_double import TinkerDouble, status_error, timeout_error
-from openclaw_cli.trainer_loop import TrainerLoop
 from openclaw_cli.types import AdamParams, SamplingParams, TokenChunk, datum_from_completion
 
 pytestmark = pytest.mark.timeout(120)

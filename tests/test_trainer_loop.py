@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from openclaw_cli.algorithms import teacher_messages
 from openclaw_cli.backend import none_before
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.session_capture import SessionCapture
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.algorithms import teacher_messages
+from openclaw_cli.learn.trainer_loop import MAX_STEP_ATTEMPTS, ResumeError, TrainerLoop, list_checkpoints
 from openclaw_cli.settings import LocalSettings, Settings, TrainSettings
 from openclaw_cli.store import Store
 from openclaw_cli.testing.store_turns import captured_exchange
-from openclaw_cli.trainer_loop import MAX_STEP_ATTEMPTS, ResumeError, TrainerLoop, list_checkpoints
 from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, PolicyVersion, SampleResult, SamplingParams, StepResult
 
 PROMPT = [11, 12, 13]

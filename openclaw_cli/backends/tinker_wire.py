@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from openclaw_cli.algorithms.loss_config import DEFAULT_CLIP_HIGH, DEFAULT_CLIP_LOW, validate_loss_config
 from openclaw_cli.backend import BackendError
+from openclaw_cli.loss_contract import DEFAULT_CLIP_HIGH, DEFAULT_CLIP_LOW, validate_loss_config
 from openclaw_cli.types import (
     AdamParams,
     Datum,

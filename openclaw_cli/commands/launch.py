@@ -14,11 +14,11 @@ RUNTIME_MODULE = "openclaw_cli.launch"  # exports run_launch(settings, ui=...)
 # Settings the runtime cannot start with (bind rules, judge configuration) are refusals, not failures.
 LAUNCH_REFUSALS = (
     *PROXY_REFUSALS,
-    ("openclaw_cli.judge", "JudgeConfigError"),
-    ("openclaw_cli.promotion", "GateConfigError"),
+    ("openclaw_cli.learn.judge", "JudgeConfigError"),
+    ("openclaw_cli.learn.promotion", "GateConfigError"),
 )
 # A damaged or busy store, or checkpoints that cannot be loaded: one line saying which file and what to do.
-STARTUP_FAILURES = (("openclaw_cli.store", "StoreError"), ("openclaw_cli.trainer_loop", "ResumeError"))
+STARTUP_FAILURES = (("openclaw_cli.store", "StoreError"), ("openclaw_cli.learn.trainer_loop", "ResumeError"))
 
 
 @with_settings

@@ -18,5 +18,7 @@ def serve(
     apis = " (OpenAI /v1/chat/completions and /v1/responses, Anthropic /v1/messages)"
     begin_service(settings, "serving", apis)
     run_server = optional_attr(PROXY_MODULE, "run_server", "the proxy (openclaw serve)")
+    from openclaw_cli.learn.lessons import lesson_keeper  # lessons act under serve too (found, verified, served)
+
     with service_failures(PROXY_REFUSALS):
-        run_server(settings)
+        run_server(settings, lesson_keeper=lesson_keeper)

@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from openclaw_cli.algorithms import adam_params_from, ppo_loss_config
 from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.env_training.batch import ScoredGroup, TrainTurn, score_group, to_datums, train_turns
 from openclaw_cli.env_training.checkpoints import (
@@ -56,6 +55,7 @@ from openclaw_cli.env_training.checkpoints import (
 from openclaw_cli.env_training.custom_loss import CustomLoss, forward_backward_custom
 from openclaw_cli.env_training.hooks import BUILTIN_LOSSES, Env, maybe_await
 from openclaw_cli.env_training.rollout import BackendPolicy, RewardFn, RolloutContext, Trajectory, derive_seed
+from openclaw_cli.learn.algorithms import adam_params_from, ppo_loss_config
 from openclaw_cli.settings import Settings, SettingsError
 from openclaw_cli.store import Store
 from openclaw_cli.types import FwdBwdResult, LossName

@@ -11,7 +11,7 @@ prompts,
    log p(r | prompt)`` (summed over the reply; the pointwise mutual information of reply and correction, so a reply is
    not preferred for being short) is larger for ``r1`` than for ``r0`` by at least :data:`PREFERENCE_MARGIN` nats;
 3. ``r1`` stays a plausible answer to the plain prompt (mean log-probability under the base model at least
-   :data:`~openclaw_cli.hindsight_demos.MIN_MEAN_LOGPROB`, the hindsight demonstrations' bar);
+   :data:`~openclaw_cli.learn.hindsight_demos.MIN_MEAN_LOGPROB`, the hindsight demonstrations' bar);
 4. nothing leaks from the correction: no content word of the lesson (four letters or more, or a number) appears in
    ``r1`` unless the prompt or ``r0`` has it ("Canberra" turning up in an answer about photosynthesis).
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openclaw_cli.backend import BASE_VERSION, Backend
-from openclaw_cli.hindsight_demos import MIN_MEAN_LOGPROB
 from openclaw_cli.instructions import with_instruction
+from openclaw_cli.learn.hindsight_demos import MIN_MEAN_LOGPROB
 from openclaw_cli.lesson_prompt import served_lessons, with_lessons
 from openclaw_cli.store import TurnRecord
 from openclaw_cli.tokenizer import flatten_content

@@ -39,10 +39,10 @@ from collections.abc import Callable
 from typing import Any
 
 from openclaw_cli.backend import Backend
+from openclaw_cli.capture.redaction import Redactor, enabled_kinds
 from openclaw_cli.learn.lesson_checks import content_words, lesson_gap, verify_candidate
 from openclaw_cli.learn.lesson_finder import lesson_from_reply
 from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError
-from openclaw_cli.redaction import Redactor, enabled_kinds
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
 from openclaw_cli.store.lessons import FORGOTTEN_TEXT, LessonRecord

@@ -23,12 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from openclaw_cli.capture.sessions import client_session_scope
 from openclaw_cli.lesson_prompt import FORGET_NOTE, LessonError, owner_of
 from openclaw_cli.proxy.auth import presented_key
 from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.validation import read_json_body
-from openclaw_cli.session_capture import client_session_scope
 
 LESSONS_PATH = "/v1/openclaw/lessons"
 FEEDBACK_PATH = "/v1/openclaw/feedback"

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from openclaw_cli.capture import ApiKind
+from openclaw_cli.capture.sessions import client_session_scope, likely_main_line
 from openclaw_cli.lesson_prompt import (
     LESSONS_HEADER,
     ActiveLesson,
@@ -43,7 +44,6 @@ from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE
 from openclaw_cli.proxy.state import ProxyState
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
-from openclaw_cli.session_capture import client_session_scope, likely_main_line
 
 Headers = Callable[[int], dict[str, str]]  # the API's response headers for a policy version
 

@@ -9,16 +9,17 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
 from openclaw_cli import eventloop
 from openclaw_cli.backend import create_backend
+from openclaw_cli.capture.retention import retention_loop
 from openclaw_cli.loopback import is_loopback
 from openclaw_cli.proxy.app import create_app
 from openclaw_cli.proxy.auth import ProxyConfigError, check_bind
-from openclaw_cli.retention import retention_loop
 from openclaw_cli.settings import Settings
 
 __all__ = ["BackgroundServer", "ProxyConfigError", "check_bind", "is_loopback", "run_server", "serve"]
@@ -38,11 +39,15 @@ async def _expire_idle_loop(sink: Any, every_s: float) -> None:
             log.exception("expiring idle sessions failed; will retry")
 
 
-async def serve(settings: Settings) -> None:
-    """Start the backend and store, serve until interrupted, then close everything in reverse order."""
+async def serve(settings: Settings, *, lesson_keeper: Callable[..., Any] | None = None) -> None:
+    """Start the backend and store, serve until interrupted, then close everything in reverse order.
+
+    ``lesson_keeper(store, backend, settings)`` builds the lessons' keeper (the learning wing's
+    :func:`openclaw_cli.learn.lessons.lesson_keeper`, which ``openclaw serve`` passes in: the proxy never imports
+    learning); without it requests are served without lessons."""
     check_bind(settings)
     try:  # the store ships alongside the proxy; import late so the proxy package imports without it
-        from openclaw_cli.session_capture import SessionCapture
+        from openclaw_cli.capture.sessions import SessionCapture
         from openclaw_cli.store import Store
     except ImportError as exc:
         raise ProxyConfigError(f"the capture store is not available ({exc}); cannot serve") from exc
@@ -56,18 +61,21 @@ async def serve(settings: Settings) -> None:
     lesson_tasks: list[asyncio.Task[None]] = []
     try:
         sink = SessionCapture(store, settings)
-        # The composition root of `serve`: the lesson keeper comes from the learning wing, as in `launch`.
-        from openclaw_cli.learn.lessons import lesson_keeper
-
-        keeper = lesson_keeper(store, backend, settings)
-        app = create_app(backend, sink, settings, lessons=keeper.book, lesson_desk=keeper)
+        keeper = lesson_keeper(store, backend, settings) if lesson_keeper is not None else None
+        app = create_app(
+            backend,
+            sink,
+            settings,
+            lessons=keeper.book if keeper is not None else None,
+            lesson_desk=keeper,
+        )
         expirer = asyncio.create_task(_expire_idle_loop(sink, settings.proxy.expire_every_s))
         # Lessons act under `serve` too: found in the users' corrections, verified, served (never retired: nothing
         # trains here).
-        lesson_tasks += [
-            asyncio.create_task(keeper.book.run(stop_retention)),
-            *([asyncio.create_task(keeper.run(stop_retention))] if settings.lessons.enabled else []),
-        ]
+        if keeper is not None:
+            lesson_tasks.append(asyncio.create_task(keeper.book.run(stop_retention)))
+            if settings.lessons.enabled:
+                lesson_tasks.append(asyncio.create_task(keeper.run(stop_retention)))
         # store.retention_days: purge at start, then hourly (returns at once when retention is off)
         retention = asyncio.create_task(retention_loop(store, settings, stop_retention))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
@@ -94,9 +102,9 @@ async def serve(settings: Settings) -> None:
             store.close()
 
 
-def run_server(settings: Settings) -> None:
+def run_server(settings: Settings, *, lesson_keeper: Callable[..., Any] | None = None) -> None:
     """Blocking entry point of ``openclaw serve`` (on uvloop when installed, see :mod:`openclaw_cli.eventloop`)."""
-    eventloop.run(serve(settings))
+    eventloop.run(serve(settings, lesson_keeper=lesson_keeper))
 
 
 class BackgroundServer:

@@ -23,10 +23,10 @@ holding it proves the previous process is gone) and frees every claim another ow
 lease after a ``kill -9``. :meth:`Store.release` gives a claim back early (with an error and a failure count, so a
 consumer can give up on a turn and complete it with ``failed=True``). :meth:`Store.commit_step` writes a training
 step's row and the completion of every turn it consumed in one transaction; :meth:`Store.discard_steps_after`
-undoes steps whose weights never reached a checkpoint, reopening their turns (see ``openclaw_cli.trainer_loop``).
+undoes steps whose weights never reached a checkpoint, reopening their turns (see ``openclaw_cli.learn.trainer_loop``).
 """
 
-from openclaw_cli.secrets_scrub import scrub_secrets
+from openclaw_cli.capture.secrets_scrub import scrub_secrets
 from openclaw_cli.store.codec import pack_floats, pack_ints, unpack_floats, unpack_ints
 from openclaw_cli.store.database import Store
 from openclaw_cli.store.records import NewTurn, PrefixMatch, PurgeResult, SessionRecord, TurnRecord

@@ -110,7 +110,7 @@ class Store(LessonLedger, StepLedger):
         )
         return [turn_from_row(row) for row in rows]
 
-    # retention (store.retention_days; see openclaw_cli.retention) ---------------------------------------------------
+    # retention (store.retention_days; see openclaw_cli.capture.retention) ---------------------------------------
     def purge_older_than(self, cutoff: float, *, now: float | None = None, batch: int = 500) -> PurgeResult:
         """Delete every turn captured before ``cutoff`` (Unix seconds), with its payload, prefix-index entries and
         hand-off rows; then every session left without turns whose last activity is before ``cutoff``.

@@ -3,7 +3,7 @@
 ``FakeJudgeServer(answer)`` serves ``POST /v1/chat/completions`` in a background thread on a free 127.0.0.1 port;
 ``answer(messages)`` returns the reply text, or an ``(http_status, text)`` pair to fail the call (``text`` becomes
 the error message, in OpenAI's error format). Point ``judge.base_url`` at :attr:`FakeJudgeServer.base_url` (with any
-``judge.model``) and a real :class:`~openclaw_cli.judge.OpenAIJudgeClient` (the openai SDK) talks to it, so a
+``judge.model``) and a real :class:`~openclaw_cli.learn.judge.OpenAIJudgeClient` (the openai SDK) talks to it, so a
 judge can run beside a separate ``openclaw launch`` process. Every request's messages are kept in :attr:`requests`.
 """
 

@@ -10,7 +10,7 @@ jobs are generally available, billed per job, and chain: each one starts from th
 is rejection-sampling fine-tuning: the positively judged replies (advantage sum > 0) become the SFT targets, and
 negatively judged ones are left out (their signal is lost in this mode; the step-wise mode uses it).
 
-**The protocol mapping** (what :class:`openclaw_cli.trainer_loop.TrainerLoop` calls):
+**The protocol mapping** (what :class:`openclaw_cli.learn.trainer_loop.TrainerLoop` calls):
 
 - ``forward_backward(datums, ...)`` queues the positive datums as SFT rows (deduplicated, so the loop's retry of a
   failed step does not queue them twice; persisted in ``fireworks.state_dir/pending.jsonl``). Nothing is computed

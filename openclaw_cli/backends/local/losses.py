@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 # Validation lives with the algorithms: torch-free and shared with the remote backends.
-from openclaw_cli.algorithms.loss_config import (
+from openclaw_cli.loss_contract import (
     ClipBounds,
     required_inputs,
     validate_loss_config,

@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
-from openclaw_cli.judge_prompts import clip_middle
+from openclaw_cli.learn.judge_prompts import clip_middle
 
 VERDICT_PROMPT_VERSION = "verdict-v2"
 

@@ -4,7 +4,7 @@
 - JSON bodies and metadata (:func:`scrub_secrets`): api_key / authorization / secret-like fields are dropped at any
   depth outside the conversation payload before a row is written.
 - Free text inside conversations is a different matter (a key pasted into a message): see
-  :mod:`openclaw_cli.redaction`. Configured secrets (``SecretStr`` settings) are masked by
+  :mod:`openclaw_cli.capture.redaction`. Configured secrets (``SecretStr`` settings) are masked by
   :func:`openclaw_cli.settings.mask_secret`.
 """
 

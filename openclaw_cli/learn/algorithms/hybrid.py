@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from openclaw_cli.algorithms.binary_rl import binary_rl_advantages
-from openclaw_cli.algorithms.opd import opd_advantages
+from openclaw_cli.learn.algorithms.binary_rl import binary_rl_advantages
+from openclaw_cli.learn.algorithms.opd import opd_advantages
 
 
 def hybrid_advantages(

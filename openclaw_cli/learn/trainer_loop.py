@@ -1,7 +1,7 @@
 """The training loop: judged turns from the store -> one optimizer step -> a published policy version.
 
 Each step takes ``settings.train.batch_size`` turns the judge has completed (``claim_ready("trainer", ...,
-after="judge")``), turns them into :class:`~openclaw_cli.algorithms.TrainSample` s (the exact stored prompt and
+after="judge")``), turns them into :class:`~openclaw_cli.learn.algorithms.TrainSample` s (the exact stored prompt and
 completion ids and the policy's raw log-probabilities at serving time; for ``opd`` / ``combined`` the teacher's
 log-probabilities of the same completion in the hint-extended context, scored by the frozen base model), builds
 datums for ``settings.method``, runs ``forward_backward(..., "ppo")`` + ``optim_step``, publishes the new weights and
@@ -57,7 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openclaw_cli.algorithms import (
+from openclaw_cli.backend import Backend
+from openclaw_cli.capture.redaction import withhold_from_training
+from openclaw_cli.learn.algorithms import (
     RunningBaseline,
     TrainSample,
     adam_params_from,
@@ -65,11 +67,9 @@ from openclaw_cli.algorithms import (
     ppo_loss_config,
     teacher_messages,
 )
-from openclaw_cli.backend import Backend
-from openclaw_cli.hindsight_demos import DemoReplay, hindsight_demo
+from openclaw_cli.learn.hindsight_demos import DemoReplay, hindsight_demo
+from openclaw_cli.learn.loop_probe import probe_loops
 from openclaw_cli.lesson_prompt import lesson_block, served_lessons, with_lessons
-from openclaw_cli.loop_probe import probe_loops
-from openclaw_cli.redaction import withhold_from_training
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
 from openclaw_cli.types import Datum, FwdBwdResult, PolicyVersion, StepResult

@@ -5,10 +5,10 @@ datums for ``Backend.forward_backward(datums, "ppo", ...)``. Backends sum the lo
 so the token-mean of the method is obtained by dividing each sample's advantages by its completion length.
 """
 
-from openclaw_cli.algorithms.binary_rl import RunningBaseline, binary_rl_advantages
-from openclaw_cli.algorithms.datums import TrainSample, build_datums, ppo_loss_config
-from openclaw_cli.algorithms.hybrid import hybrid_advantages
-from openclaw_cli.algorithms.opd import HINT_HEADER, opd_advantages, teacher_messages
+from openclaw_cli.learn.algorithms.binary_rl import RunningBaseline, binary_rl_advantages
+from openclaw_cli.learn.algorithms.datums import TrainSample, build_datums, ppo_loss_config
+from openclaw_cli.learn.algorithms.hybrid import hybrid_advantages
+from openclaw_cli.learn.algorithms.opd import HINT_HEADER, opd_advantages, teacher_messages
 from openclaw_cli.settings import TrainSettings
 from openclaw_cli.types import AdamParams
 

@@ -26,8 +26,8 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 
-from openclaw_cli.algorithms import TrainSample
 from openclaw_cli.backend import Backend
+from openclaw_cli.learn.algorithms import TrainSample
 from openclaw_cli.types import SamplingParams
 
 log = logging.getLogger("openclaw.trainer")

@@ -3,8 +3,8 @@
 For each turn the store hands out (``Store.claim_ready("judge", ...)``) the loop asks the judge model
 ``settings.judge.votes`` times, concurrently, whether the turn's next state shows progress (+1), a correction (-1) or
 neither (0), and takes the majority of the valid votes (tie or none valid -> 0). When ``settings.method`` is ``opd`` or
-``combined`` it also asks, as many times, for a hindsight hint (see :mod:`openclaw_cli.judge_prompts`). A turn with
-no next state (its session ended) scores 0 without a judge call. The verdict is stored once with
+``combined`` it also asks, as many times, for a hindsight hint (see :mod:`openclaw_cli.learn.judge_prompts`). A turn
+with no next state (its session ended) scores 0 without a judge call. The verdict is stored once with
 ``Store.complete("judge", turn_id, json, reward=score)``; its JSON holds::
 
     {"score": -1|0|1, "votes": [1, -1, null, ...], "hints": [...distinct...], "hint": str|null,
@@ -48,7 +48,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from openclaw_cli.judge_prompts import (
+from openclaw_cli.capture.redaction import Redactor
+from openclaw_cli.learn.judge_prompts import (
     PROMPT_VERSION,
     assistant_text,
     choose_hint,
@@ -61,7 +62,7 @@ from openclaw_cli.judge_prompts import (
     prm_messages,
     prompt_hashes,
 )
-from openclaw_cli.judge_verdict import (
+from openclaw_cli.learn.judge_verdict import (
     CHANNEL_FRAMES,
     VERDICT_PROMPT_VERSION,
     VERDICT_QUESTION,
@@ -74,7 +75,6 @@ from openclaw_cli.judge_verdict import (
     reward_from_log_odds,
     verdict_log_odds,
 )
-from openclaw_cli.redaction import Redactor
 from openclaw_cli.tokenizer import flatten_content
 from openclaw_cli.types import SamplingParams
 
@@ -557,7 +557,7 @@ class JudgeLoop:
         return verdict
 
     async def _read_verdict(self, args: TurnToJudge) -> Verdict:
-        """channel / logprob mode: the verdict from the judge's probabilities (see openclaw_cli.judge_verdict)."""
+        """channel / logprob mode: the verdict from the judge's probabilities (see openclaw_cli.learn.judge_verdict)."""
         _, reply, next_state, next_state_role = args
         margin = self.settings.judge.margin
         reply_text = assistant_text(reply)

@@ -3,8 +3,8 @@
 After each training step the trainer hands its new weights to :meth:`PromotionGate.publish` instead of
 ``backend.publish``. The gate *stages* them (a servable version number that requests can pin, but not the one that
 serves), replays held-out prompts on both the served version and the candidate with
-:func:`openclaw_cli.eval.evaluate` (greedy replies, position-balanced pairwise judging by the run's judge), and
-promotes the candidate (``backend.activate``) only when its win rate over the served version is at least
+:func:`openclaw_cli.learn.evaluation.evaluate` (greedy replies, position-balanced pairwise judging by the run's judge),
+and promotes the candidate (``backend.activate``) only when its win rate over the served version is at least
 ``0.5 - train.gate_margin``. Otherwise the served version keeps serving and the candidate stays staged: it can
 still be served on purpose with ``openclaw rollback --to N``.
 
@@ -27,19 +27,20 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import supports_version_control
-from openclaw_cli.collapse_guard import CollapseGuard
-from openclaw_cli.eval import EvalError, EvalItem, EvalOptions, PolicyChoice, evaluate
+from openclaw_cli.learn.collapse_guard import CollapseGuard
+from openclaw_cli.learn.evaluation import EvalError, EvalItem, EvalOptions, PolicyChoice, evaluate
 
 if TYPE_CHECKING:
     from openclaw_cli.backend import Backend
-    from openclaw_cli.eval import JudgeClient
+    from openclaw_cli.learn.evaluation import JudgeClient
     from openclaw_cli.settings import Settings
     from openclaw_cli.store import Store
     from openclaw_cli.types import PolicyVersion
 
 log = logging.getLogger("openclaw.promotion")
 
-TRAINER_CONSUMER = "trainer"  # openclaw_cli.trainer_loop.CONSUMER: turns it completed were trained on (or skipped)
+# openclaw_cli.learn.trainer_loop.CONSUMER: turns it completed were trained on (or skipped)
+TRAINER_CONSUMER = "trainer"
 KEEP_DECISIONS = 20
 _CANDIDATES_PER_SESSION = 4  # newest turns fetched per wanted session before keeping one per session
 

@@ -4,8 +4,8 @@
 with its session/turn ids, type, status, next state and reward; ``--format tokens`` gives the exact prompt and
 completion token ids, the sampler's log-probs and the policy version: what training consumes.
 
-With ``store.redact`` set (see :mod:`openclaw_cli.redaction`), ``messages`` rows carry redacted text and ``tokens``
-rows leave out the turns whose text holds an enabled kind (token ids cannot be redacted).
+With ``store.redact`` set (see :mod:`openclaw_cli.capture.redaction`), ``messages`` rows carry redacted text and
+``tokens`` rows leave out the turns whose text holds an enabled kind (token ids cannot be redacted).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from openclaw_cli.capture.redaction import Redactor
 from openclaw_cli.command_support import (
     EXIT_REFUSED,
     CliFailure,
@@ -34,7 +35,6 @@ from openclaw_cli.command_support import (
     command_settings,
     open_existing_store,
 )
-from openclaw_cli.redaction import Redactor
 from openclaw_cli.store import Store, TurnRecord
 
 

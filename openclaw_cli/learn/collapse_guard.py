@@ -15,7 +15,7 @@ worse than the base, not a base that was never good, such as a tiny test model);
 
 A version that fails is not served, and training is rewound to the served version's weights (``activate(served,
 train_from=True)``): continuing from collapsed weights would only collapse further. The guard runs inside
-:class:`openclaw_cli.promotion.PromotionGate` (stage -> guard -> optional win-rate evaluation -> activate), so it
+:class:`openclaw_cli.learn.promotion.PromotionGate` (stage -> guard -> optional win-rate evaluation -> activate), so it
 needs a backend with version control (local, Tinker, Fireworks); elsewhere it is skipped with a warning.
 """
 

@@ -37,8 +37,8 @@ import dataclasses
 import logging
 import re
 
-from openclaw_cli.algorithms import TrainSample
 from openclaw_cli.backend import BASE_VERSION, Backend
+from openclaw_cli.learn.algorithms import TrainSample
 from openclaw_cli.store import TurnRecord
 from openclaw_cli.types import SamplingParams
 

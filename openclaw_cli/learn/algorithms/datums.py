@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from openclaw_cli.algorithms.binary_rl import binary_rl_advantages
-from openclaw_cli.algorithms.hybrid import hybrid_advantages
-from openclaw_cli.algorithms.opd import opd_advantages
+from openclaw_cli.learn.algorithms.binary_rl import binary_rl_advantages
+from openclaw_cli.learn.algorithms.hybrid import hybrid_advantages
+from openclaw_cli.learn.algorithms.opd import opd_advantages
 from openclaw_cli.settings import TrainSettings
 from openclaw_cli.types import Datum, datum_from_completion
 
@@ -28,13 +28,13 @@ class TrainSample:
     teacher_logprobs: list[float] | None = None  # log pi_teacher(a_t | s + hint); None = no accepted hint
     has_next_state: bool = True  # False when the session ended right after this turn
     base_logprobs: list[float] | None = None  # log pi_base(a_t | s) for the KL anchor; None = same as the sampler's
-    # A hindsight demonstration (openclaw_cli/hindsight_demos.py): the completion is the base model's hinted reply,
-    # trained with this constant advantage on every token and no KL anchor (it is the target, not a drift).
+    # A hindsight demonstration (openclaw_cli/learn/hindsight_demos.py): the completion is the base model's hinted
+    # reply, trained with this constant advantage on every token and no KL anchor (it is the target, not a drift).
     demo_weight: float | None = None
     # A demonstration trained again in a later step (DemoReplay): its turn was trained before and is not again.
     replayed: bool = False
-    # Explicit per-token advantages (a loop probe's repetition, openclaw_cli/loop_probe.py): trained as they are, no
-    # KL anchor; the sample rides along its turn's step and never counts as a trained turn of its own.
+    # Explicit per-token advantages (a loop probe's repetition, openclaw_cli/learn/loop_probe.py): trained as they
+    # are, no KL anchor; the sample rides along its turn's step and never counts as a trained turn of its own.
     token_advantages: list[float] | None = None
     # A demonstration that distils lessons (openclaw_cli/learn/lessons.py): the ids of the lessons its turn was served
     # with; the completion is the base model's reply with them, trained as the reply to the conversation without.
