@@ -493,3 +493,35 @@ def test_lesson_routes_teach_list_rate_and_forget_per_owner(tmp_path: Path, tiny
     finally:
         server.stop()
         store.close()
+
+
+async def test_an_opted_out_correction_makes_no_lesson_but_is_served_with_lessons(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    from openclaw_cli.learn.lessons import lesson_keeper
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    settings = Settings()
+    store = Store(tmp_path / "store.sqlite3")
+    backend = FakeBackend(tiny_tokenizer, [LONG] * 10)
+    keeper = lesson_keeper(store, backend, settings)
+    await keeper.add("local", "Answer in one short sentence.")
+    app = create_app(backend, SessionCapture(store, settings), settings, lessons=keeper.book, lesson_desk=keeper)
+    server = BackgroundServer(app).start()
+    out = {"X-OpenClaw-Opt-Out": "1", "X-Session-Id": "private"}
+    first = [{"role": "user", "content": "What is the capital of France?"}]
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+            reply = await http.post(
+                "/v1/chat/completions", json={"model": "openclaw-policy", "messages": first}, headers=out
+            )
+            assert reply.headers["x-openclaw-lessons"] == "1"  # served with the owner's lessons all the same
+            again = [*first, {"role": "assistant", "content": LONG}, {"role": "user", "content": LESSON}]
+            await http.post("/v1/chat/completions", json={"model": "openclaw-policy", "messages": again}, headers=out)
+        await keeper.run_once()
+    finally:
+        server.stop()
+    assert [lesson.origin for lesson in store.lessons()] == ["user"]  # nothing stored, so nothing learned from it
+    assert store.sessions() == []
+    store.close()

@@ -46,79 +46,14 @@ log = logging.getLogger("openclaw.lessons")
 
 PREFERENCE_MARGIN = 0.5
 _CONTENT_WORD = re.compile(r"[a-z]{4,}|\d+")
-_COMMON = frozenset(
-    [
-        "that",
-        "this",
-        "with",
-        "your",
-        "just",
-        "give",
-        "only",
-        "need",
-        "want",
-        "please",
-        "answer",
-        "answers",
-        "reply",
-        "replies",
-        "short",
-        "shorter",
-        "long",
-        "longer",
-        "much",
-        "more",
-        "less",
-        "very",
-        "really",
-        "from",
-        "then",
-        "them",
-        "they",
-        "what",
-        "when",
-        "where",
-        "which",
-        "will",
-        "would",
-        "could",
-        "should",
-        "about",
-        "like",
-        "sentence",
-        "sentences",
-        "words",
-        "word",
-        "line",
-        "lines",
-        "key",
-        "fact",
-        "facts",
-        "point",
-        "points",
-        "text",
-        "always",
-        "never",
-        "don't",
-        "dont",
-        "stop",
-        "tell",
-        "explain",
-        "explanation",
-        "wordy",
-        "verbose",
-        "brief",
-        "concise",
-        "too",
-        "far",
-        "here",
-        "there",
-        "keep",
-        "make",
-        "sure",
-        "does",
-    ]
+_COMMON_WORDS = (
+    "that this with your just give only need want please answer answers reply replies short shorter long "
+    "longer much more less very really from then them they what when where which will would could should "
+    "about like sentence sentences words word line lines key fact facts point points text always never don't "
+    "dont stop tell explain explanation wordy verbose brief concise too far here there keep make sure does"
 )
+# Words of a lesson that say how to answer, not what about: never a topic leak.
+_COMMON = frozenset(_COMMON_WORDS.split())
 
 
 @dataclass

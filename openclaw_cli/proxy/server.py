@@ -73,6 +73,7 @@ async def serve(settings: Settings, *, lesson_keeper: Callable[..., Any] | None 
         # Lessons act under `serve` too: found in the users' corrections, verified, served (never retired: nothing
         # trains here).
         if keeper is not None:
+            app.state.proxy.status_sections["lessons"] = keeper.status
             lesson_tasks.append(asyncio.create_task(keeper.book.run(stop_retention)))
             if settings.lessons.enabled:
                 lesson_tasks.append(asyncio.create_task(keeper.run(stop_retention)))
