@@ -525,3 +525,23 @@ async def test_an_opted_out_correction_makes_no_lesson_but_is_served_with_lesson
     assert [lesson.origin for lesson in store.lessons()] == ["user"]  # nothing stored, so nothing learned from it
     assert store.sessions() == []
     store.close()
+
+
+async def test_a_duplicate_merges_into_the_active_lesson_and_the_budget_retires_the_oldest(
+    keeper_parts: Any, tiny_tokenizer: Any
+) -> None:
+    store, capture, _, keeper = keeper_parts
+    first = await keeper.add("local", "Answer briefly.")
+    _questions(capture, tiny_tokenizer)
+    # The scripted policy already answers SHORT with any lesson in the prompt: this one changes no reply.
+    _conversation(capture, tiny_tokenizer, "What is the capital of France?", LONG, "Too long, answer briefly please.")
+    await keeper.run_once()
+    duplicate = next(lesson for lesson in store.lessons() if lesson.id != first.id)
+    assert duplicate.status == "rejected" and f"merged into lesson {first.id}" in duplicate.evidence[-1]["why"]
+    assert "asked for it again" in store.get_lesson(first.id).evidence[-1]["why"]
+    keeper.settings.lessons.max_active = 2
+    second = await keeper.add("local", "Use plain text.")
+    third = await keeper.add("local", "No markdown.")
+    statuses = {lesson.id: lesson.status for lesson in store.lessons()}
+    assert (statuses[first.id], statuses[second.id], statuses[third.id]) == ("retired", "active", "active")
+    assert [a.id for a in keeper.book.for_owner("local")] == [second.id, third.id]
