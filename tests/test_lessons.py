@@ -430,8 +430,14 @@ def test_lessons_survive_kill_9_and_a_restart(tmp_path: Path) -> None:
     assert os.path.exists(path)
 
 
-async def test_forgetting_erases_the_text_and_says_weights_keep_it(keeper_parts: Any) -> None:
-    store, _, _, keeper = keeper_parts
+async def test_forgetting_erases_the_text_and_says_weights_keep_it(keeper_parts: Any, tiny_tokenizer: Any) -> None:
+    store, capture, _, keeper = keeper_parts
+    _conversation(capture, tiny_tokenizer, "What is 2+2?", LONG, "No, far too long: reply in one short sentence.")
+    await keeper.run_once()
+    (found,) = store.lessons()
+    assert found.evidence[0]["correction"] == "No, far too long: reply in one short sentence."
+    await keeper.forget(found.id, "local")
+    assert "short sentence" not in json.dumps(store.get_lesson(found.id).to_json())
     lesson = await keeper.add("local", LESSON)
     assert keeper.book.for_owner("local")
     forgotten = await keeper.forget(lesson.id, "local")

@@ -181,13 +181,22 @@ class LessonKeeper:
                 found = lesson_from_reply(text, self.settings.lessons.max_chars)
                 if found is not None:
                     owner = await asyncio.to_thread(self.store.turn_owner, turn.id) or "local"
-                    lesson = await self._candidate(owner, self._redactor.redact_text(found), "correction", turn)
+                    lesson = await self._candidate(
+                        owner,
+                        self._redactor.redact_text(found),
+                        "correction",
+                        turn,
+                        correction=self._redactor.redact_text(text),
+                    )
             result = '{"lesson": %s}' % (lesson.id if lesson is not None else "null")
             await asyncio.to_thread(self.store.complete, CONSUMER, turn.id, result)
         return bool(turns)
 
-    async def _candidate(self, owner: str, text: str, origin: str, turn: TurnRecord) -> LessonRecord | None:
-        """A new candidate, or the retired lesson with the same words brought back (the behaviour slipped)."""
+    async def _candidate(
+        self, owner: str, text: str, origin: str, turn: TurnRecord, *, correction: str | None = None
+    ) -> LessonRecord | None:
+        """A new candidate, or the retired lesson with the same words brought back (the behaviour slipped).
+        ``correction``: the user's whole reply (redacted), which verification's teacher reads."""
         lessons = await asyncio.to_thread(self.store.lessons, owner=owner)
         words = content_words(text)
         for lesson in lessons:
@@ -213,6 +222,7 @@ class LessonKeeper:
             origin=origin,
             source_turn_ids=[turn.id],
             why=f"the user's {'feedback' if origin == 'feedback' else 'reply'} to turn {turn.id}",
+            data={"correction": correction or text},
         )
         self.stats["found"] += 1
         log.info("lesson %d (candidate) from turn %d: %r", lesson_id, turn.id, text)
@@ -238,8 +248,9 @@ class LessonKeeper:
             return False  # nothing (new) to try it on yet
         served = [a.text for a in self.book.for_owner(lesson.owner)]
         started = time.monotonic()
+        correction = str(lesson.evidence[0].get("correction") or lesson.text) if lesson.evidence else lesson.text
         result = await verify_candidate(
-            self.backend, lesson.text, lesson.text, prompts, served, max_tokens=cfg.verify_max_tokens
+            self.backend, lesson.text, correction, prompts, served, max_tokens=cfg.verify_max_tokens
         )
         data = {"verification": result.to_json(), "seconds": round(time.monotonic() - started, 1)}
         tries += 1

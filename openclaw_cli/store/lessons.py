@@ -161,6 +161,8 @@ class LessonLedger(StoreBase):
             entry = {"at": now, "status": new_status, "why": why, **(data or {})}
             # The first entry (how it was born) is always kept; then the newest ones.
             evidence = [*lesson.evidence[:1], *lesson.evidence[1:][-(keep - 2) :], entry]
+            if text is not None:  # the text is replaced (forgotten): keep no word of it in the evidence either
+                evidence = [{k: e[k] for k in ("at", "status", "why") if k in e} for e in evidence]
             self._conn.execute(
                 "UPDATE lessons SET status = ?, evidence = ?, updated_at = ?, text = ? WHERE id = ?",
                 (new_status, dumps_json(evidence), now, lesson.text if text is None else text, lesson_id),
