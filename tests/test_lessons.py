@@ -551,3 +551,30 @@ async def test_a_duplicate_merges_into_the_active_lesson_and_the_budget_retires_
     statuses = {lesson.id: lesson.status for lesson in store.lessons()}
     assert (statuses[first.id], statuses[second.id], statuses[third.id]) == ("retired", "active", "active")
     assert [a.id for a in keeper.book.for_owner("local")] == [second.id, third.id]
+
+
+async def test_a_rejected_lesson_asked_for_again_is_tried_once_more_but_not_on_every_repetition(
+    keeper_parts: Any, tiny_tokenizer: Any
+) -> None:
+    import openclaw_cli.learn.lessons as lessons_module
+
+    store, capture, policy, keeper = keeper_parts
+    _questions(capture, tiny_tokenizer)
+    policy.leak = "Canberra"
+    correction = "Too long, just say Canberra."
+    _conversation(capture, tiny_tokenizer, "Capital of Australia?", LONG, correction)
+    await keeper.run_once()
+    (lesson,) = store.lessons()
+    assert lesson.status == "rejected"
+    _conversation(capture, tiny_tokenizer, "Capital of Australia again?", LONG, correction)
+    await keeper.run_once()
+    assert [x.status for x in store.lessons()] == ["rejected"]  # at once: no new candidate, no new try
+    lessons_module.RETRY_REJECTED_S = 0.0
+    try:
+        _conversation(capture, tiny_tokenizer, "And once more?", LONG, correction)
+        await keeper.run_once()
+    finally:
+        lessons_module.RETRY_REJECTED_S = 600.0
+    (again,) = store.lessons()
+    whys = [entry["why"] for entry in again.evidence]
+    assert any("asked for it again" in why for why in whys) and again.status == "rejected"

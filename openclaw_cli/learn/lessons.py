@@ -53,6 +53,7 @@ log = logging.getLogger("openclaw.lessons")
 CONSUMER = "lessons"
 LEASE_S = 600.0
 MAX_VERIFY_TRIES = 3
+RETRY_REJECTED_S = 600.0  # a rejected lesson asked for again is tried once more after this long
 POLL_S = 1.0
 
 
@@ -202,6 +203,18 @@ class LessonKeeper:
         for lesson in lessons:
             if lesson.status in ("active", "candidate") and lesson.text == text:
                 return lesson
+            if lesson.status == "rejected" and lesson.text == text:
+                # The same words again: tried once more, but not on every repetition (each try costs replies).
+                if time.time() - lesson.updated_at < RETRY_REJECTED_S:
+                    return lesson
+                self._tries.pop(lesson.id, None)
+                return await asyncio.to_thread(
+                    self.store.set_lesson_status,
+                    lesson.id,
+                    "candidate",
+                    f"the user asked for it again (turn {turn.id}): tried once more",
+                    expect=["rejected"],
+                )
             if lesson.status == "retired" and words and content_words(lesson.text) == words:
                 back = await asyncio.to_thread(
                     self.store.set_lesson_status,
