@@ -578,3 +578,40 @@ async def test_a_rejected_lesson_asked_for_again_is_tried_once_more_but_not_on_e
     (again,) = store.lessons()
     whys = [entry["why"] for entry in again.evidence]
     assert any("asked for it again" in why for why in whys) and again.status == "rejected"
+
+
+def test_openclaw_lessons_command_lists_adds_shows_and_forgets(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    from typer.testing import CliRunner
+
+    from openclaw_cli.cli import app as cli_app
+    from openclaw_cli.learn.lessons import lesson_keeper
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    settings = Settings(api_key="sk-cli-0123456789")
+    store = Store(tmp_path / "store.sqlite3")
+    backend = FakeBackend(tiny_tokenizer, ["ok"])
+    keeper = lesson_keeper(store, backend, settings)
+    app = create_app(backend, SessionCapture(store, settings), settings, lessons=keeper.book, lesson_desk=keeper)
+    server = BackgroundServer(app).start()
+    port = server.base_url.rsplit(":", 1)[1]
+    runner = CliRunner()
+    env = {"OPENCLAW_API_KEY": "sk-cli-0123456789"}
+    try:
+        empty = runner.invoke(cli_app, ["lessons", "--port", port], env=env)
+        assert empty.exit_code == 0 and "no lessons yet" in empty.output, empty.output
+        added = runner.invoke(cli_app, ["lessons", "--port", port, "add", LESSON], env=env)
+        assert added.exit_code == 0 and f"lesson 1 is active: {LESSON}" in added.output, added.output
+        listed = runner.invoke(cli_app, ["lessons", "--port", port, "list", "--json"], env=env)
+        assert [x["text"] for x in json.loads(listed.output)["lessons"]] == [LESSON]
+        shown = runner.invoke(cli_app, ["lessons", "--port", port, "show", "1"], env=env)
+        assert "taught directly by the user" in shown.output
+        missing = runner.invoke(cli_app, ["lessons", "--port", port, "show", "9"], env=env)
+        assert missing.exit_code == 2 and "no lesson 9" in missing.output
+        forgotten = runner.invoke(cli_app, ["lessons", "--port", port, "forget", "1"], env=env)
+        assert forgotten.exit_code == 0 and "until you roll back" in forgotten.output
+        refused = runner.invoke(cli_app, ["lessons", "--port", port], env={"OPENCLAW_API_KEY": "wrong"})
+        assert refused.exit_code == 1 and "refused the API key" in refused.output
+    finally:
+        server.stop()
+        store.close()
