@@ -232,15 +232,15 @@ class LessonSettings(_Section):
     retire_gap: float = Field(
         1.0,
         gt=0.0,
-        description="Retire a lesson when the plain prompt explains its replies nearly as well as the prompt with "
-        "it: the median over the turns it shaped of log p(reply | with) - log p(reply | plain), in nats per reply, "
-        "under the current policy, is at most this.",
+        description="Retire a lesson when what it still adds is at most this: on the owner's newest untrained "
+        "prompts, the current policy's greedy replies with and without it, scored by the base model reading the "
+        "user's correction (median nats per reply; 0 when the replies are the same).",
     )
     return_gap: float = Field(
-        2.0, gt=0.0, description="A retired lesson whose gap has grown past this (the behaviour slipped) comes back."
+        2.0, gt=0.0, description="A retired lesson whose effect has grown past this (the behaviour slipped) comes back."
     )
     min_shaped: int = Field(
-        3, ge=1, le=256, description="Turns a lesson must have shaped before it can retire (its evidence)."
+        3, ge=1, le=256, description="Turns a lesson must have shaped before it is checked for retirement."
     )
     consolidate: bool = Field(
         True,

@@ -175,8 +175,9 @@ def test_a_version_3_store_migrates_and_keeps_its_turns(tmp_path: Path) -> None:
 # --- keeper with a scripted policy ---------------------------------------------------------------------------------
 class ScriptedPolicy:
     """Answers SHORT when the prompt holds an instruction block, LONG otherwise; scores a reply -0.2 a token where
-    it fits its context (short after an instruction, long without) and -1.5 where it does not. ``learned``: the
-    policy (not the base) also scores SHORT -0.2 without the block, as weights that took the lesson in would."""
+    it fits its context (short after an instruction, long without) and -1.5 where it does not, as the base model.
+    ``learned``: the current policy (not the base) answers SHORT without the block too, as weights that took the
+    lesson in would."""
 
     name = "scripted"
 
@@ -198,7 +199,7 @@ class ScriptedPolicy:
     async def sample(self, prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
         text = self._tokenizer.decode(prompt)
         told = INSTRUCTION_HEADER in text
-        reply = SHORT if told else LONG
+        reply = SHORT if told or (self.learned and version is None) else LONG
         if told and self.leak and self.leak in text:
             reply = f"{self.leak}. {reply}"
         tokens = self._tokenizer.encode(reply)
@@ -310,23 +311,44 @@ async def test_retired_when_learned_and_back_when_it_slips(keeper_parts: Any, ti
     store, capture, policy, keeper = keeper_parts
     lesson = await keeper.add("local", LESSON)
     served = [{"id": lesson.id, "text": LESSON}]
-    for i in range(3):  # turns served with the lesson: short replies
+    for i in range(3):  # turns served with the lesson (short replies), not yet trained on
         messages = [{"role": "user", "content": f"Served question {i}?"}]
         capture.record_sync(_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    told = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": LONG},
+        {"role": "user", "content": LESSON},
+    ]
+    capture.record_sync(_exchange(tiny_tokenizer, told, SHORT))  # its context holds the correction: not a prompt
     assert store.get_lesson(lesson.id).uses == 3
-    await keeper.check_gaps()
-    assert store.get_lesson(lesson.id).status == "active"  # gap 1.3 nats a token: not learned
-    assert "gap" in store.get_lesson(lesson.id).evidence[-1]
+    await keeper.check_retirement()
+    active = store.get_lesson(lesson.id)
+    assert active.status == "active" and active.evidence[-1]["effect"] > 1.0  # the policy still answers LONG
+    assert len(active.evidence[-1]["trials"]) == 3
+    assert all(t["turn"] != 4 for t in active.evidence[-1]["trials"])
     policy.learned = True
-    await keeper.check_gaps()
+    await keeper.check_retirement()
     retired = store.get_lesson(lesson.id)
-    assert retired.status == "retired" and retired.evidence[-1]["gap"] == 0.0
-    await keeper.book.refresh()
+    assert retired.status == "retired" and retired.evidence[-1]["effect"] == 0.0
     assert keeper.book.for_owner("local") == []
     policy.learned = False
-    await keeper.check_gaps()
+    await keeper.check_retirement()
     assert store.get_lesson(lesson.id).status == "active"
     assert "slipped" in store.get_lesson(lesson.id).evidence[-1]["why"]
+
+
+async def test_a_retired_lesson_comes_back_when_the_user_corrects_the_same_thing(
+    keeper_parts: Any, tiny_tokenizer: Any
+) -> None:
+    store, capture, _, keeper = keeper_parts
+    # Every word of this one is a common word of instructions: it is the same lesson by its words, not its topic.
+    text = "That is far too long. Answer in one short sentence, please."
+    lesson = await keeper.add("local", text)
+    store.set_lesson_status(lesson.id, "retired", "learned (test)")
+    _conversation(capture, tiny_tokenizer, "What is the capital of France?", LONG, "No, " + text.lower())
+    await keeper.run_once()
+    assert [(x.id, x.status) for x in store.lessons()] == [(lesson.id, "active")]
+    assert "corrected the same thing again" in store.get_lesson(lesson.id).evidence[-1]["why"]
 
 
 async def test_feedback_overrides_the_verdict_and_its_text_is_a_candidate(

@@ -20,10 +20,10 @@ Text is redacted (``store.redact``, and API keys always) before it is stored.
 **The loop** (:meth:`LessonKeeper.run`, beside the judge and trainer loops): it claims ready main-line turns as the
 consumer ``lessons``, turns form corrections into candidates, verifies candidates on the owner's other recent prompts
 (:func:`~openclaw_cli.learn.lesson_checks.verify_candidate`), activates them (the proxy serves them from the next
-request on), and after each new policy version measures every active and retired lesson's gap
-(:func:`~openclaw_cli.learn.lesson_checks.lesson_gap`) to retire it or bring it back. An owner keeps at most
-``lessons.max_active`` active lessons; a new one retires the oldest. A correction that repeats a retired lesson's
-words brings that lesson back.
+request on), and after each new policy version measures what every active and retired lesson still adds to the
+current policy (:func:`~openclaw_cli.learn.lesson_checks.lesson_effect`) to retire it or bring it back. An owner
+keeps at most ``lessons.max_active`` active lessons; a new one retires the oldest. A correction that repeats a
+retired lesson's words brings that lesson back.
 
 Consolidation (the distillation) happens in the trainer: a turn served with lessons is also trained as a hindsight
 demonstration for the same conversation without them (``lessons.consolidate``).
@@ -34,14 +34,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 from openclaw_cli.backend import Backend
 from openclaw_cli.capture.redaction import Redactor, enabled_kinds
-from openclaw_cli.learn.lesson_checks import content_words, lesson_gap, verify_candidate
-from openclaw_cli.learn.lesson_finder import lesson_from_reply
+from openclaw_cli.learn.lesson_checks import content_words, lesson_effect, verify_candidate
+from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
 from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -51,6 +52,8 @@ from openclaw_cli.tokenizer import flatten_content
 log = logging.getLogger("openclaw.lessons")
 
 CONSUMER = "lessons"
+TRAINER_CONSUMER = "trainer"  # openclaw_cli.learn.trainer_loop.CONSUMER: turns it completed were trained on
+_WORDS = re.compile(r"[a-z0-9']+")
 LEASE_S = 600.0
 MAX_VERIFY_TRIES = 3
 RETRY_REJECTED_S = 600.0  # a rejected lesson asked for again is tried once more after this long
@@ -163,14 +166,14 @@ class LessonKeeper:
                     await asyncio.wait_for(stop.wait(), timeout=POLL_S)
 
     async def run_once(self) -> bool:
-        """One round: new corrections, pending candidates, and (after a new policy version) the gap checks.
+        """One round: new corrections, pending candidates, and (after a new policy version) the retirement checks.
         Returns whether it did anything."""
         busy = await self._find()
         busy = await self._verify_pending() or busy
         version = self.backend.current_version().version
         if version != self._checked_version:
             self._checked_version = version
-            busy = await self.check_gaps() or busy
+            busy = await self.check_retirement() or busy
         return busy
 
     async def _find(self) -> bool:
@@ -215,7 +218,7 @@ class LessonKeeper:
                     f"the user asked for it again (turn {turn.id}): tried once more",
                     expect=["rejected"],
                 )
-            if lesson.status == "retired" and words and content_words(lesson.text) == words:
+            if lesson.status == "retired" and _same_lesson(lesson.text, text, words):
                 back = await asyncio.to_thread(
                     self.store.set_lesson_status,
                     lesson.id,
@@ -261,9 +264,8 @@ class LessonKeeper:
             return False  # nothing (new) to try it on yet
         served = [a.text for a in self.book.for_owner(lesson.owner)]
         started = time.monotonic()
-        correction = str(lesson.evidence[0].get("correction") or lesson.text) if lesson.evidence else lesson.text
         result = await verify_candidate(
-            self.backend, lesson.text, correction, prompts, served, max_tokens=cfg.verify_max_tokens
+            self.backend, lesson.text, _correction_of(lesson), prompts, served, max_tokens=cfg.verify_max_tokens
         )
         data = {"verification": result.to_json(), "seconds": round(time.monotonic() - started, 1)}
         tries += 1
@@ -318,51 +320,57 @@ class LessonKeeper:
                 expect=["active"],
             )
 
-    async def check_gaps(self) -> bool:
-        """Measure every active and retired lesson with enough shaped turns against the current policy; retire the
-        learned ones, bring back the slipped ones."""
+    async def check_retirement(self) -> bool:
+        """Measure what every active and retired lesson (with at least ``lessons.min_shaped`` turns shaped) still adds
+        to the current policy (:func:`~openclaw_cli.learn.lesson_checks.lesson_effect`); retire the learned ones,
+        bring back the slipped ones."""
         cfg = self.settings.lessons
         lessons = await asyncio.to_thread(self.store.lessons, statuses=["active", "retired"])
         version = self.backend.current_version().version
-        changed = False
+        changed = checked = False
         for lesson in lessons:
             if lesson.uses < cfg.min_shaped:
                 continue
-            turns = await asyncio.to_thread(self.store.lesson_turns, lesson.id, 8)
-            measured = await lesson_gap(self.backend, lesson.id, turns)
+            recent = await asyncio.to_thread(
+                self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts, not_done_by=TRAINER_CONSUMER
+            )
+            prompts = [turn for turn in recent if not _told_in_context(turn)][: cfg.verify_prompts]
+            others = [a.text for a in self.book.for_owner(lesson.owner) if a.id != lesson.id]
+            measured = await lesson_effect(
+                self.backend, lesson.text, _correction_of(lesson), prompts, others, max_tokens=cfg.verify_max_tokens
+            )
             if measured is None:
                 continue
-            gap, n = measured
-            data = {"gap": round(gap, 3), "turns": n, "policy_version": version}
-            if lesson.status == "active" and gap <= cfg.retire_gap:
+            checked = True
+            effect, trials = measured
+            data = {
+                "effect": round(effect, 3),
+                "policy_version": version,
+                "trials": [t.to_json() for t in trials],
+            }
+            if lesson.status == "active" and effect <= cfg.retire_gap:
+                why = (
+                    f"learned: on {len(trials)} untrained prompts the policy without it answers about as it does with "
+                    f"it (effect {effect:.2f} nats <= lessons.retire_gap {cfg.retire_gap})"
+                )
                 await asyncio.to_thread(
-                    self.store.set_lesson_status,
-                    lesson.id,
-                    "retired",
-                    f"learned: the policy without it explains its replies within {gap:.2f} nats "
-                    f"(<= lessons.retire_gap {cfg.retire_gap})",
-                    data=data,
-                    expect=["active"],
+                    self.store.set_lesson_status, lesson.id, "retired", why, data=data, expect=["active"]
                 )
                 self.stats["retired"] += 1
                 changed = True
-                log.info("lesson %d retired at version %d (gap %.2f)", lesson.id, version, gap)
-            elif lesson.status == "retired" and gap > cfg.return_gap:
+                log.info("lesson %d retired at version %d (effect %.2f)", lesson.id, version, effect)
+            elif lesson.status == "retired" and effect > cfg.return_gap:
+                why = f"slipped: its effect grew to {effect:.2f} nats (> lessons.return_gap {cfg.return_gap})"
                 await asyncio.to_thread(
-                    self.store.set_lesson_status,
-                    lesson.id,
-                    "active",
-                    f"slipped: the gap grew to {gap:.2f} nats (> lessons.return_gap {cfg.return_gap})",
-                    data=data,
-                    expect=["retired"],
+                    self.store.set_lesson_status, lesson.id, "active", why, data=data, expect=["retired"]
                 )
                 self.stats["returned"] += 1
                 changed = True
             else:
-                await asyncio.to_thread(self.store.note_lesson, lesson.id, f"gap {gap:.2f} nats", data)
+                await asyncio.to_thread(self.store.note_lesson, lesson.id, f"effect {effect:.2f} nats", data)
         if changed:
             await self.book.refresh()
-        return bool(lessons)
+        return checked
 
     def status(self) -> dict[str, Any]:
         """For /v1/openclaw/status and the dashboard: counts by status and the active lessons (blocking read)."""
@@ -373,6 +381,25 @@ class LessonKeeper:
             if lesson.status == "active":
                 active.append({"id": lesson.id, "owner": lesson.owner, "text": lesson.text, "uses": lesson.uses})
         return {"counts": counts, "active": active, **self.stats, "last_error": self.last_error}
+
+
+def _correction_of(lesson: LessonRecord) -> str:
+    """The user's whole correction the lesson came from (what verification's teacher reads), else its text."""
+    first = lesson.evidence[0] if lesson.evidence else {}
+    return str(first.get("correction") or lesson.text)
+
+
+def _same_lesson(known: str, text: str, words: set[str]) -> bool:
+    """The same words again (case and punctuation aside), or the same content words when it has any."""
+    if " ".join(_WORDS.findall(known.lower())) == " ".join(_WORDS.findall(text.lower())):
+        return True
+    return bool(words) and content_words(known) == words
+
+
+def _told_in_context(turn: TurnRecord) -> bool:
+    """Whether a user message of the turn's conversation already corrects the form of answers (its plain reply then
+    follows the conversation, not the weights: no prompt to judge what the weights learned)."""
+    return any(is_form_correction(flatten_content(m.get("content"))) for m in turn.messages if m.get("role") == "user")
 
 
 def _next_user_text(turn: TurnRecord) -> str | None:

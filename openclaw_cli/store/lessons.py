@@ -181,12 +181,20 @@ class LessonLedger(StoreBase):
         )
         return [turn_from_row(row) for row in rows]
 
-    def owner_turns(self, owner: str, limit: int, *, exclude_session: str | None = None) -> list[TurnRecord]:
-        """The owner's newest ``limit`` main-line turns, newest first (``exclude_session``: not from that one)."""
+    def owner_turns(self, owner: str, limit: int, *, not_done_by: str | None = None) -> list[TurnRecord]:
+        """The owner's newest ``limit`` main-line turns, newest first; ``not_done_by``: only turns that consumer has
+        not completed (e.g. not yet trained on)."""
+        untrained = (
+            "AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "
+            "AND c.done_at IS NOT NULL) "
+            if not_done_by is not None
+            else ""
+        )
+        params: list[Any] = [owner, *([not_done_by] if not_done_by is not None else []), limit]
         rows = self._read(
             f"SELECT {TURN_COLUMNS} FROM {TURN_FROM} WHERE t.turn_type = 'main' AND t.id IN "
-            "(SELECT turn_id FROM turn_owners WHERE owner = ?) AND t.session_id IS NOT ? ORDER BY t.id DESC LIMIT ?",
-            (owner, exclude_session, limit),
+            f"(SELECT turn_id FROM turn_owners WHERE owner = ?) {untrained}ORDER BY t.id DESC LIMIT ?",
+            params,
         )
         return [turn_from_row(row) for row in rows]
 
