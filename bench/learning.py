@@ -22,9 +22,15 @@ keyword-hit rate at least the told model's minus 0.10; distinct-word ratio at le
 the judge for a rule that reads the users' reactions (the control: does training learn when the signal is right? For
 ``opd`` it also sets ``judge.next_state_hints = "unhappy"``, so exactly the corrected turns get the user's words as
 the hint);
-``--control`` runs it beside the first seed. ``--plot-dir`` writes each run's reward-over-steps PNG
-(the plot ``openclaw eval --plot`` draws) and every held-out reply before, told and after (``held-out-*.json``), to read
-which answers a run lost.
+``--control`` runs it beside the first seed.
+
+Lessons (docs/lessons.md) run as in ``openclaw launch``. Over each run the held-out questions are also asked through
+the proxy at 0, 1, 2, 5, 10 and 20 minutes and after the last step, as the user gets them (with lessons) and plain
+(``x-openclaw-lessons: off``), opted out of capture; the run reports the first correction's minute, every change of
+the lesson's status, and whether served replies met the told model's length x1.3 (hits at least its minus 0.10) within
+2 minutes of the first correction and after the lesson retired. ``--plot-dir`` writes each run's reward-over-steps PNG
+(the plot ``openclaw eval --plot`` draws), the served and plain timeline (``lessons-*.png``) and every held-out reply
+before, told and after (``held-out-*.json``), to read which answers a run lost.
 """
 
 from __future__ import annotations
