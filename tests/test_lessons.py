@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from lesson_helpers import served_exchange
 
-from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
 from openclaw_cli.learn.lessons import LessonKeeper, load_active
@@ -221,39 +221,11 @@ class ScriptedPolicy:
         return [None] * start + [value] * (len(tokens) - start)
 
 
-def _exchange(tokenizer: Any, messages: list[dict[str, Any]], reply: str, **metadata: Any) -> CapturedExchange:
-    from openclaw_cli.lesson_prompt import with_lessons
-
-    served = with_lessons(messages, [item["text"] for item in metadata.get("lessons", [])])
-    prompt = tokenizer.render(served)
-    completion = tokenizer.encode(reply)
-    return CapturedExchange(
-        api="openai",
-        headers={},
-        request={"model": "openclaw-policy", "messages": messages},
-        messages=messages,
-        tools=None,
-        model="openclaw-policy",
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        logprobs=[-0.3] * len(completion),
-        sampling_logprobs=[-0.3] * len(completion),
-        version=0,
-        finish_reason="stop",
-        assistant_message={"role": "assistant", "content": reply},
-        response={"id": "x"},
-        started_at=1.0,
-        first_token_at=1.0,
-        finished_at=1.0,
-        metadata={"owner": "local", **metadata},
-    )
-
-
 def _conversation(capture: SessionCapture, tokenizer: Any, question: str, reply: str, next_user: str) -> None:
     first = [{"role": "user", "content": question}]
-    capture.record_sync(_exchange(tokenizer, first, reply))
+    capture.record_sync(served_exchange(tokenizer, first, reply))
     second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": next_user}]
-    capture.record_sync(_exchange(tokenizer, second, reply))
+    capture.record_sync(served_exchange(tokenizer, second, reply))
 
 
 @pytest.fixture
@@ -313,13 +285,13 @@ async def test_retired_when_learned_and_back_when_it_slips(keeper_parts: Any, ti
     served = [{"id": lesson.id, "text": LESSON}]
     for i in range(3):  # turns served with the lesson (short replies), not yet trained on
         messages = [{"role": "user", "content": f"Served question {i}?"}]
-        capture.record_sync(_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
     told = [
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": LONG},
         {"role": "user", "content": LESSON},
     ]
-    capture.record_sync(_exchange(tiny_tokenizer, told, SHORT))  # its context holds the correction: not a prompt
+    capture.record_sync(served_exchange(tiny_tokenizer, told, SHORT))  # its context holds the correction: not a prompt
     assert store.get_lesson(lesson.id).uses == 3
     await keeper.check_retirement()
     active = store.get_lesson(lesson.id)
@@ -397,7 +369,7 @@ async def test_a_lesson_served_turn_is_a_demonstration_for_the_plain_prompt(
     capture = SessionCapture(store, settings)
     lesson_id = store.add_lesson("local", LESSON, status="active", origin="user", why="test")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    capture.record_sync(_exchange(tiny_tokenizer, messages, SHORT, lessons=[{"id": lesson_id, "text": LESSON}]))
+    capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=[{"id": lesson_id, "text": LESSON}]))
     turn = store.get_turn(1)
     policy = ScriptedPolicy(tiny_tokenizer)
     trainer = TrainerLoop(store, policy, settings)  # type: ignore[arg-type]
@@ -637,3 +609,28 @@ def test_openclaw_lessons_command_lists_adds_shows_and_forgets(tmp_path: Path, t
     finally:
         server.stop()
         store.close()
+
+
+def test_the_real_sdks_see_the_lesson_header_and_can_turn_lessons_off(make_proxy: Any, tiny_tokenizer: Any) -> None:
+    import anthropic
+    import openai
+
+    book = _book({"local": [ActiveLesson(5, LESSON)]})
+    _, server = _start(make_proxy, tiny_tokenizer, Settings(), book)
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        raw = client.chat.completions.with_raw_response.create(model="openclaw-policy", messages=messages)
+        assert raw.headers["x-openclaw-lessons"] == "5" and raw.parse().choices[0].message.content == "ok"
+        off = client.chat.completions.with_raw_response.create(
+            model="openclaw-policy", messages=messages, extra_headers={"x-openclaw-lessons": "off"}
+        )
+        assert off.headers["x-openclaw-lessons"] == "none"
+        claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+        with claude.messages.with_streaming_response.create(
+            model="openclaw-policy", max_tokens=16, messages=messages, stream=True
+        ) as streamed:
+            assert streamed.headers["x-openclaw-lessons"] == "5"
+            assert any(b"message_stop" in chunk for chunk in streamed.iter_bytes())
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lesson_helpers import served_exchange
 
 from openclaw_cli.settings import Settings
 from openclaw_cli.types import SamplingParams
@@ -26,7 +27,6 @@ SCRIPT = json.loads((Path(__file__).resolve().parents[1] / "bench" / "scripts" /
 
 async def test_one_correction_shortens_the_next_held_out_reply(tmp_path: Path) -> None:
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.capture import CapturedExchange
     from openclaw_cli.capture.sessions import SessionCapture
     from openclaw_cli.learn.lessons import lesson_keeper
     from openclaw_cli.lesson_prompt import with_lessons
@@ -42,30 +42,8 @@ async def test_one_correction_shortens_the_next_held_out_reply(tmp_path: Path) -
         capture = SessionCapture(store, settings)
 
         async def exchange(messages: list[dict[str, Any]]) -> str:
-            prompt = tok.render(messages)
-            result = await backend.sample(prompt, greedy)
-            capture.record_sync(
-                CapturedExchange(
-                    api="openai",
-                    headers={},
-                    request={"model": "openclaw-policy", "messages": messages},
-                    messages=messages,
-                    tools=None,
-                    model="openclaw-policy",
-                    prompt_tokens=prompt,
-                    completion_tokens=list(result.tokens),
-                    logprobs=list(result.logprobs),
-                    sampling_logprobs=[],
-                    version=0,
-                    finish_reason="stop",
-                    assistant_message={"role": "assistant", "content": result.text},
-                    response={"id": "x"},
-                    started_at=1.0,
-                    first_token_at=1.0,
-                    finished_at=1.0,
-                    metadata={"owner": "local"},
-                )
-            )
+            result = await backend.sample(tok.render(messages), greedy)
+            capture.record_sync(served_exchange(tok, messages, result.text))
             return result.text
 
         system = {"role": "system", "content": SCRIPT["system"]}
