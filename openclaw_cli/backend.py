@@ -234,6 +234,18 @@ def none_before(values: Sequence[float | None], start: int) -> list[float | None
     return [None if i < start else v for i, v in enumerate(values)]
 
 
+async def completion_logprobs(
+    backend: Backend, prompt: list[int], completion: list[int], *, base: bool = False
+) -> list[float] | None:
+    """log p of each ``completion`` token after ``prompt`` (the frozen base model with ``base``, else the current
+    policy), or None when the backend scored fewer positions or left one unscored. Backend errors propagate."""
+    scored = await backend.compute_logprobs(prompt + completion, base=base, start=len(prompt))
+    tail = scored[len(prompt) :]
+    if len(tail) != len(completion) or any(v is None for v in tail):
+        return None
+    return [float(v) for v in tail if v is not None]
+
+
 def supports_version_control(backend: object) -> bool:
     return all(callable(getattr(backend, name, None)) for name in ("stage", "activate", "servable_versions"))
 

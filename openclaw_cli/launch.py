@@ -248,16 +248,6 @@ async def launch(
                 store.close()
 
 
-def _lesson_tasks(keeper: LessonKeeper | None, halt: asyncio.Event) -> dict[str, asyncio.Task[None]]:
-    """The lesson loop and the book's refresh (lessons changed by another process, e.g. an edit of the store)."""
-    if keeper is None:
-        return {}
-    tasks = {"lesson-book": asyncio.create_task(keeper.book.run(halt), name="openclaw-lesson-book")}
-    if keeper.settings.lessons.enabled:
-        tasks["lessons"] = asyncio.create_task(keeper.run(halt), name="openclaw-lessons")
-    return tasks
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -298,7 +288,7 @@ async def _run(
         "expire": asyncio.create_task(_expire_idle(runtime, halt), name="openclaw-expire"),
         "judge": asyncio.create_task(runtime.judge.run(halt), name="openclaw-judge"),
         "train": asyncio.create_task(runtime.trainer.run(halt), name="openclaw-train"),
-        **_lesson_tasks(runtime.lessons, halt),
+        **(runtime.lessons.start(halt) if runtime.lessons is not None else {}),
         # store.retention_days: hourly after the start-up purge above (returns at once when retention is off)
         "retention": asyncio.create_task(
             retention_loop(runtime.store, runtime.settings, halt, run_first=False), name="openclaw-retention"

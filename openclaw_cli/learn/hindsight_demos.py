@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import re
 
-from openclaw_cli.backend import BASE_VERSION, Backend
+from openclaw_cli.backend import BASE_VERSION, Backend, completion_logprobs
 from openclaw_cli.learn.algorithms import TrainSample
 from openclaw_cli.store import TurnRecord
 from openclaw_cli.types import SamplingParams
@@ -118,30 +118,28 @@ async def hindsight_demo(
         )
         return None
     prompt = list(turn.prompt_tokens) if plain_prompt is None else list(plain_prompt)
-    tokens = prompt + list(reply.tokens)
+    completion = list(reply.tokens)
     try:
-        base, current = await asyncio.gather(
-            backend.compute_logprobs(tokens, base=True, start=len(prompt)),
-            backend.compute_logprobs(tokens, start=len(prompt)),
+        base_tail, tail = await asyncio.gather(
+            completion_logprobs(backend, prompt, completion, base=True),
+            completion_logprobs(backend, prompt, completion),
         )
     except Exception as exc:
         log.warning("turn %d: cannot score the hindsight demonstration: %s", turn.id, exc)
         return None
-    base_tail, tail = base[len(prompt) :], current[len(prompt) :]
-    if len(tail) != len(reply.tokens) or any(v is None for v in (*tail, *base_tail)):
+    if base_tail is None or tail is None:
         return None
-    mean = sum(float(v) for v in base_tail if v is not None) / len(base_tail)
+    mean = sum(base_tail) / len(base_tail)
     if mean < MIN_MEAN_LOGPROB:
         log.debug("turn %d: demonstration dropped (implausible, mean logprob %.2f): %r", turn.id, mean, text[:80])
         return None
-    logprobs = [float(v) for v in tail if v is not None]
     log.debug("turn %d: demonstration (mean logprob %.2f): %r", turn.id, mean, text[:80])
     return TrainSample(
         turn_id=turn.id,
         session_id=turn.session_id,
         prompt_tokens=prompt,
-        completion_tokens=list(reply.tokens),
-        sampler_logprobs=logprobs,
+        completion_tokens=completion,
+        sampler_logprobs=tail,
         version=version,
         demo_weight=weight,
         consolidates=consolidates,
@@ -163,16 +161,13 @@ class DemoReplay:
         be scored is left out of this step (logged)."""
 
         async def rescored(demo: TrainSample) -> TrainSample | None:
-            prompt = demo.prompt_tokens
             try:
-                scored = await backend.compute_logprobs(prompt + demo.completion_tokens, start=len(prompt))
+                logprobs = await completion_logprobs(backend, demo.prompt_tokens, demo.completion_tokens)
             except Exception as exc:
                 log.warning("turn %d: cannot rescore a replayed demonstration: %s", demo.turn_id, exc)
                 return None
-            tail = scored[len(prompt) :]
-            if len(tail) != len(demo.completion_tokens) or any(v is None for v in tail):
+            if logprobs is None:
                 return None
-            logprobs = [float(v) for v in tail if v is not None]
             return dataclasses.replace(demo, sampler_logprobs=logprobs, version=version, replayed=True)
 
         found = await asyncio.gather(*(rescored(demo) for demo, _ in self._held))

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from openclaw_cli.backend import BASE_VERSION, Backend
+from openclaw_cli.backend import BASE_VERSION, Backend, completion_logprobs
 from openclaw_cli.instructions import with_instruction
 from openclaw_cli.learn.hindsight_demos import MIN_MEAN_LOGPROB
 from openclaw_cli.lesson_prompt import with_lessons
@@ -111,11 +111,7 @@ async def _greedy(backend: Backend, prompt: list[int], max_tokens: int, version:
 async def _reply_logprob(backend: Backend, prompt: list[int], reply: list[int], *, base: bool) -> list[float] | None:
     if not reply:
         return []
-    scored = await backend.compute_logprobs(prompt + reply, base=base, start=len(prompt))
-    tail = scored[len(prompt) :]
-    if len(tail) != len(reply) or any(v is None for v in tail):
-        return None
-    return [float(v) for v in tail if v is not None]
+    return await completion_logprobs(backend, prompt, reply, base=base)
 
 
 async def _trial(

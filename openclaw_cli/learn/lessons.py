@@ -153,6 +153,14 @@ class LessonKeeper:
         return clean
 
     # -- the loop -----------------------------------------------------------------------------------------------
+    def start(self, stop: asyncio.Event) -> dict[str, asyncio.Task[None]]:
+        """The tasks `launch` and `serve` run until ``stop``: the book's refresh (lessons changed by another process)
+        and, with ``lessons.enabled``, this loop."""
+        tasks = {"lesson-book": asyncio.create_task(self.book.run(stop), name="openclaw-lesson-book")}
+        if self.settings.lessons.enabled:
+            tasks["lessons"] = asyncio.create_task(self.run(stop), name="openclaw-lessons")
+        return tasks
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:

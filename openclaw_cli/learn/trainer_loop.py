@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openclaw_cli.backend import Backend
+from openclaw_cli.backend import Backend, completion_logprobs
 from openclaw_cli.capture.redaction import withhold_from_training
 from openclaw_cli.learn.algorithms import (
     RunningBaseline,
@@ -640,12 +640,7 @@ class TrainerLoop:
         """The frozen base model's log-probabilities of the turn's completion tokens after ``prompt``; None (logged)
         when the backend cannot score them."""
         try:
-            tokens = prompt + list(turn.completion_tokens)
-            scored = await self.backend.compute_logprobs(tokens, base=True, start=len(prompt))
+            return await completion_logprobs(self.backend, prompt, list(turn.completion_tokens), base=True)
         except Exception as exc:
             log.warning("turn %d: cannot score %s: %s", turn.id, what, exc)
             return None
-        tail = scored[len(prompt) :]
-        if len(tail) != len(turn.completion_tokens) or any(v is None for v in tail):
-            return None
-        return [float(v) for v in tail if v is not None]

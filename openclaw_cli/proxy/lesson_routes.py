@@ -23,10 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from openclaw_cli.capture.sessions import client_session_scope
-from openclaw_cli.lesson_prompt import FORGET_NOTE, LessonError, owner_of
-from openclaw_cli.proxy.auth import presented_key
+from openclaw_cli.lesson_prompt import FORGET_NOTE, LessonError
 from openclaw_cli.proxy.errors import ProxyError
+from openclaw_cli.proxy.respond import request_owner
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.validation import read_json_body
 
@@ -60,8 +59,7 @@ def _desk(state: ProxyState) -> LessonDesk:
 
 
 def _owner(request: Request, state: ProxyState, body: dict[str, Any] | None = None) -> str:
-    scope, _ = client_session_scope(request.headers, body or {})
-    return owner_of(state.settings, presented_key(request.scope.get("headers", [])), scope)
+    return request_owner(request, state.settings, body or {})
 
 
 async def _call(desk: LessonDesk, coro: Any) -> Any:

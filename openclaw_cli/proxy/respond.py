@@ -44,6 +44,7 @@ from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE
 from openclaw_cli.proxy.state import ProxyState
 from openclaw_cli.proxy.stream_open import OpenStream, open_stream
+from openclaw_cli.settings import Settings
 
 Headers = Callable[[int], dict[str, str]]  # the API's response headers for a policy version
 
@@ -81,8 +82,7 @@ def served_lessons(request: Request, state: ProxyState, req: ParsedRequest) -> t
     """The request's owner and the lessons it is served with: the owner's active lessons within
     ``lessons.max_tokens``, for a request that is likely main-line and did not say ``x-openclaw-lessons: off``."""
     headers = request.headers
-    scope, _ = client_session_scope(headers, req.body)
-    owner = owner_of(state.settings, presented_key(request.scope.get("headers", [])), scope)
+    owner = request_owner(request, state.settings, req.body)
     if state.lessons is None:
         return owner, []
     tokenizer = state.backend.tokenizer()
@@ -95,6 +95,12 @@ def served_lessons(request: Request, state: ProxyState, req: ParsedRequest) -> t
         fits=lambda texts: len(tokenizer.encode(lesson_block(texts))) <= budget,
     )
     return owner, lessons
+
+
+def request_owner(request: Request, settings: Settings, body: dict[str, Any]) -> str:
+    """Whose lessons a request gets and changes: its API key, or its session scope (see lesson_prompt.owner_of)."""
+    scope, _ = client_session_scope(request.headers, body)
+    return owner_of(settings, presented_key(request.scope.get("headers", [])), scope)
 
 
 def lesson_headers(call: ApiCall[Any]) -> dict[str, str]:

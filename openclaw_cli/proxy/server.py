@@ -74,9 +74,7 @@ async def serve(settings: Settings, *, lesson_keeper: Callable[..., Any] | None 
         # trains here).
         if keeper is not None:
             app.state.proxy.status_sections["lessons"] = keeper.status
-            lesson_tasks.append(asyncio.create_task(keeper.book.run(stop_retention)))
-            if settings.lessons.enabled:
-                lesson_tasks.append(asyncio.create_task(keeper.run(stop_retention)))
+            lesson_tasks += keeper.start(stop_retention).values()
         # store.retention_days: purge at start, then hourly (returns at once when retention is off)
         retention = asyncio.create_task(retention_loop(store, settings, stop_retention))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
