@@ -83,7 +83,9 @@ def served_lessons(request: Request, state: ProxyState, req: ParsedRequest) -> t
     ``lessons.max_tokens``, for a request that is likely main-line and did not say ``x-openclaw-lessons: off``."""
     headers = request.headers
     owner = request_owner(request, state.settings, req.body)
-    if state.lessons is None:
+    # Most requests' owners have no lesson: the main-line heuristic (regexes over the last messages) runs only
+    # when there is something to place.
+    if state.lessons is None or not state.lessons.for_owner(owner):
         return owner, []
     tokenizer = state.backend.tokenizer()
     budget = state.settings.lessons.max_tokens
