@@ -9,6 +9,9 @@ Measured, one after the other in this process (nothing else should run on the ma
   and the time to the first streamed token for a prompt of about ``--prompt-tokens`` tokens while nothing else runs;
 - generate: transformers ``model.generate`` on the same model files and dtype (greedy, KV cache), batch 1 and a
   left-padded batch of 4, and the time to its first token (one new token) for the same long prompt;
+- structured output (``--structured``, on by default): the 50 requests of bench/structured_schemas.py with
+  ``response_format`` json_schema and plain, alternating; tokens/s of each and how many constrained replies are
+  valid on their first sample;
 - vllm: the same three figures from vLLM's offline engine in ``--vllm-python`` (default ``.venv-vllm/bin/python``
   when it exists; ``make test-vllm`` builds it), in a child process; skipped with the reason otherwise.
 
@@ -57,8 +60,11 @@ def long_question(tokenizer: Any, target_tokens: int) -> str:
 # -- ours, through the proxy --------------------------------------------------------------------------------------
 
 
-async def stream_once(client: Any, question: str, max_tokens: int) -> tuple[int, float, float]:
-    """One streamed chat request: (completion tokens, seconds to the first token, seconds in all)."""
+async def stream_once(
+    client: Any, question: str, max_tokens: int, extra: dict[str, Any] | None = None, text: list[str] | None = None
+) -> tuple[int, float, float]:
+    """One streamed chat request: (completion tokens, seconds to the first token, seconds in all); the content's
+    pieces are appended to ``text`` when given."""
     body = {
         "model": "policy",
         "messages": [{"role": "user", "content": question}],
@@ -66,6 +72,7 @@ async def stream_once(client: Any, question: str, max_tokens: int) -> tuple[int,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     started = time.perf_counter()
     first = 0.0
@@ -79,8 +86,11 @@ async def stream_once(client: Any, question: str, max_tokens: int) -> tuple[int,
             event = json.loads(line[6:])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-            if not first and any(c.get("delta", {}).get("content") for c in event.get("choices", [])):
+            pieces = [c.get("delta", {}).get("content") or "" for c in event.get("choices", [])]
+            if not first and any(pieces):
                 first = time.perf_counter() - started
+            if text is not None:
+                text.extend(pieces)
     return tokens, first, time.perf_counter() - started
 
 
@@ -136,6 +146,44 @@ class Ours:
         return (await stream_once(self.client, question, 4))[1]
 
 
+async def measure_structured(served: Ours, max_tokens: int) -> dict[str, Any]:
+    """Every request of bench/structured_schemas.py twice, alternating: with ``response_format`` json_schema and
+    plain. A constrained reply counts as valid when its first (only) sample parses and validates against the schema.
+    Tokens/s are whole-request (the grammar's compile included), totals over all requests."""
+    import jsonschema
+    from structured_schemas import REQUESTS, SCHEMAS
+
+    valid = 0
+    failures: list[str] = []
+    tokens = {"json_schema": 0, "plain": 0}
+    seconds = {"json_schema": 0.0, "plain": 0.0}
+    for name, question in REQUESTS:
+        schema = SCHEMAS[name]
+        fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        pieces: list[str] = []
+        made, _, took = await stream_once(served.client, question, max_tokens, {"response_format": fmt}, pieces)
+        tokens["json_schema"] += made
+        seconds["json_schema"] += took
+        text = "".join(pieces)
+        try:
+            jsonschema.validate(json.loads(text), schema)
+            valid += 1
+        except (ValueError, jsonschema.ValidationError) as exc:
+            failures.append(f"{name}: {type(exc).__name__} in {text[:80]!r}")
+        made, _, took = await stream_once(served.client, question, max_tokens)
+        tokens["plain"] += made
+        seconds["plain"] += took
+    rates = {kind: tokens[kind] / seconds[kind] for kind in tokens}
+    return {
+        "requests": len(REQUESTS),
+        "valid": valid,
+        "failures": failures,
+        "tok_s": rates,
+        "tokens": tokens,
+        "ratio": rates["json_schema"] / rates["plain"],
+    }
+
+
 # -- transformers generate ----------------------------------------------------------------------------------------
 
 
@@ -187,7 +235,7 @@ class Generate:
         return self.run([question], 1)[1]
 
 
-async def measure_ours_and_generate(args: argparse.Namespace) -> tuple[dict, dict, dict, Path, str]:
+async def measure_ours_and_generate(args: argparse.Namespace) -> tuple[dict, dict, dict, Path, str, dict | None]:
     """Rounds alternating ours and generate, so a slow spell of the (shared, noisy) machine hits both; each ratio is
     taken within a round and the median over rounds is reported."""
     ours: dict[str, list[float]] = {"tok_s_1": [], "tok_s_4": [], "ttft_long": []}
@@ -208,6 +256,7 @@ async def measure_ours_and_generate(args: argparse.Namespace) -> tuple[dict, dic
                 f"tok/s; generate x1 {generate['tok_s_1'][-1]:.1f} x4 {generate['tok_s_4'][-1]:.1f} tok/s"
             )
         model_path = served.model_path
+        structured = await measure_structured(served, args.structured_max_tokens) if args.structured else None
 
     def median(figures: dict[str, list[float]]) -> dict[str, float]:
         return {key: statistics.median(values) for key, values in figures.items()} | {"prompt_tokens": prompt_tokens}
@@ -217,7 +266,7 @@ async def measure_ours_and_generate(args: argparse.Namespace) -> tuple[dict, dic
         "ours x4/ours x1": [a / b for a, b in zip(ours["tok_s_4"], ours["tok_s_1"], strict=True)],
         "ours/generate x4": [a / b for a, b in zip(ours["tok_s_4"], generate["tok_s_4"], strict=True)],
     }
-    return median(ours), median(generate), ratios, model_path, question
+    return median(ours), median(generate), ratios, model_path, question, structured
 
 
 # -- vLLM (its own venv) ------------------------------------------------------------------------------------------
@@ -284,12 +333,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per request")
     parser.add_argument("--prompt-tokens", type=int, default=2000, help="size of the long prompt (first token time)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; medians are reported")
+    parser.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True, help="the json_schema row")
+    parser.add_argument("--structured-max-tokens", type=int, default=256)
     parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    ours, generate, ratios, model_path, prompt_text = asyncio.run(measure_ours_and_generate(args))
+    ours, generate, ratios, model_path, prompt_text, structured = asyncio.run(measure_ours_and_generate(args))
     vllm = measure_vllm(args.vllm_python, model_path, args, prompt_text)
 
     print(f"\nmodel {model_path.name}, {args.tokens} new tokens per request, temperature 0, {os.cpu_count()} CPUs")
@@ -304,6 +355,16 @@ def main() -> None:
     print(f"\nmedians over {args.rounds} rounds (each ratio within one round):")
     for name, values in ratios.items():
         print(f"  {name}: {statistics.median(values):.2f}x  (rounds: {', '.join(f'{v:.2f}' for v in values)})")
+    if structured is not None:
+        rates, made = structured["tok_s"], structured["tokens"]
+        print(
+            f"\nstructured output ({structured['requests']} requests, 5 schemas, temperature 0, ours): json_schema "
+            f"{rates['json_schema']:.1f} tok/s ({made['json_schema']} tokens) against plain {rates['plain']:.1f} tok/s "
+            f"({made['plain']} tokens): {structured['ratio']:.2f}x; first sample valid "
+            f"{structured['valid']}/{structured['requests']}"
+        )
+        for failure in structured["failures"]:
+            print(f"  invalid: {failure}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from openclaw_cli.types import (
     FwdBwdResult,
     LossName,
     Message,
+    OutputConstraint,
     ParsedAssistant,
     PolicyVersion,
     SampleResult,
@@ -159,6 +160,17 @@ class SupportsVersionControl(Protocol):
         """Version numbers ``activate`` accepts now, oldest first (0 = the base model)."""
 
 
+@runtime_checkable
+class SupportsConstrainedDecoding(Protocol):
+    """Optional capability: decode under an :class:`~openclaw_cli.types.OutputConstraint` (``SamplingParams.
+    constraint``), so the first sample has the demanded form. The proxy asks before each constrained request; a
+    backend without it (Tinker) gets plain samples that the proxy checks and resamples
+    (:mod:`openclaw_cli.proxy.constraints`)."""
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        """None when sampling with ``constraint`` enforces it; else why not (the proxy then resamples)."""
+
+
 class DelegatingBackend:
     """The Backend protocol (and version control, where the delegate has it) forwarded to :meth:`delegate`: for a
     backend that picks its implementation at start (e.g. by a mode setting). A subclass sets ``name``, implements
@@ -174,6 +186,11 @@ class DelegatingBackend:
 
     def current_version(self) -> PolicyVersion:
         return self.delegate().current_version()
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        """The delegate's answer (see :class:`Backend`'s optional ``accepts_constraint``)."""
+        check = getattr(self.delegate(), "accepts_constraint", None)
+        return f"the {self.name} backend's mode has no constrained decoding" if check is None else check(constraint)
 
     async def sample(
         self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None

@@ -275,8 +275,8 @@ class LocalSettings(_Section):
         None,
         ge=1,
         le=1024,
-        description="CPU cores the transformers sampler's decode steps use (prefill uses all); unset = half the "
-        "cores. Decode is memory-bound: on 2 cores one thread decoded as fast as two, and 4 requests 27% faster.",
+        description="CPU cores the transformers sampler's decode steps use while a training or scoring pass runs "
+        "beside them (prefill, and decode while nothing else runs, use all); unset = half the cores.",
     )
     state_dir: Path = Field(Path(".openclaw/checkpoints"))
     seed: int = 0

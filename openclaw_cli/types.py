@@ -29,8 +29,29 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
+class ReplyForm:
+    """One shape a constrained reply may take: ``prefix``, then one JSON value matching ``schema_json`` (a JSON
+    Schema as text, so params stay hashable), then ``suffix``, then the end of the turn. A tool call is the model's
+    own call frame around the call object; a JSON answer has neither prefix nor suffix."""
+
+    schema_json: str
+    prefix: str = ""
+    suffix: str = ""
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """A constrained reply takes one of ``forms`` (a JSON answer, or a tool call where tools may still be called).
+    Built by :mod:`openclaw_cli.structured_output`; only sent to a backend whose ``accepts_constraint`` took it."""
+
+    forms: tuple[ReplyForm, ...]
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one completion. ``top_k <= 0`` and ``top_p >= 1`` switch those filters off."""
+    """How to sample one completion. ``top_k <= 0`` and ``top_p >= 1`` switch those filters off. ``constraint``:
+    decode only tokens that keep the reply a valid prefix of what it describes (constrained decoding); only for a
+    backend whose ``accepts_constraint`` took it."""
 
     max_tokens: int = 512
     temperature: float = 1.0
@@ -40,6 +61,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0  # how many most likely alternatives (raw distribution) to report per token; 0 = none
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -73,6 +95,9 @@ class SampleResult:
     stop_sequence: str | None = None
     sampling_logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per token, when params.top_logprobs > 0
+    # Constrained decoding: positions of ``tokens`` where the constraint left exactly one token (certain under the
+    # masked distribution whatever the policy says; training gives them no policy gradient). Empty when unknown.
+    forced_tokens: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     started_at: float = 0.0
     first_token_at: float = 0.0

@@ -602,15 +602,22 @@ def test_the_per_thread_setter_changes_only_the_calling_threads_count() -> None:
     assert seen == [1] and torch.get_num_threads() == before
 
 
-async def test_decode_steps_use_decode_threads_and_prefill_all(served: SimpleNamespace) -> None:
+async def test_decode_steps_use_every_core_alone_and_decode_threads_beside_other_work(served: SimpleNamespace) -> None:
     sampler = TransformersSampler(
         served.model, served.tok, served.versions, max_concurrent=2, context_length=4096, decode_threads=1
     )
     calls: list[int] = []
     sampler._set_threads = calls.append  # record what the scheduler asks for, in order
+    every = torch.get_num_threads()
     try:
-        result = await sampler.sample(served.prompt, SamplingParams(max_tokens=4, seed=1), version=0)
+        alone = await sampler.sample(served.prompt, SamplingParams(max_tokens=4, seed=1), version=0)
+        # Nothing else runs: the prefill and every decode step on every core (serve, or launch between steps).
+        assert calls == [every] * len(alone.tokens)
+        calls.clear()
+        with sampler.other_work.running():  # a training step or a scoring pass runs beside the decode
+            beside = await sampler.sample(served.prompt, SamplingParams(max_tokens=4, seed=1), version=0)
     finally:
         sampler.close()
-    # One prefill on every core, then a decode step per further token on one.
-    assert calls == [torch.get_num_threads()] + [1] * (len(result.tokens) - 1)
+    # One prefill on every core, then a decode step per further token on ``decode_threads``.
+    assert calls == [every] + [1] * (len(beside.tokens) - 1)
+    assert not sampler.other_work.busy

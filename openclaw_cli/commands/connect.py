@@ -18,7 +18,9 @@ Clients and what they get (URL, key and model names come from the effective sett
 - ``codex``: a ``~/.codex/config.toml`` (``$CODEX_HOME/config.toml``) provider ``[model_providers.openclaw-rl]``
   with ``base_url``, ``env_key = "OPENCLAW_API_KEY"`` (Codex reads the key from that variable, so the file holds no
   secret) and ``wire_api = "responses"`` (the proxy serves ``/v1/responses``), plus top-level ``model`` /
-  ``model_provider``.
+  ``model_provider`` and the model's limits (``model_context_window``, ``model_max_output_tokens`` and an
+  auto-compaction limit at 90% of the window; from the running server as for openclaw), which Codex cannot look up
+  for a model outside its catalogue.
 - ``openai`` / ``anthropic``: ``OPENAI_BASE_URL`` + ``OPENAI_API_KEY`` or ``ANTHROPIC_BASE_URL`` +
   ``ANTHROPIC_API_KEY`` (both SDKs read these) and a three-line Python snippet. ``--write`` needs ``--path`` (a
   dotenv file).
@@ -264,14 +266,29 @@ def openclaw_fragment(endpoint: Endpoint, options: ConnectOptions) -> dict[str, 
     }
 
 
-def codex_fragment(endpoint: Endpoint, *, session_id: str | None = None) -> dict[str, Any]:
+CODEX_LIMIT_KEYS = ("model_context_window", "model_max_output_tokens", "model_auto_compact_token_limit")
+
+
+def codex_fragment(endpoint: Endpoint, options: ConnectOptions) -> dict[str, Any]:
     provider: dict[str, Any] = {"name": "openclaw-cli proxy", "base_url": endpoint.openai_url}
     if endpoint.key is not None:
         provider["env_key"] = KEY_ENV  # Codex reads the key from this variable: no secret in its file
     provider["wire_api"] = "responses"
-    if session_id:
-        provider["http_headers"] = {SESSION_HEADER: session_id}
-    return {"model": endpoint.main_model, "model_provider": PROVIDER_ID, "model_providers": {PROVIDER_ID: provider}}
+    if options.session_id:
+        provider["http_headers"] = {SESSION_HEADER: options.session_id}
+    # The policy is not in Codex's model catalogue: without these it guesses a cloud model's window (and warns
+    # "Model metadata ... not found"), so it would compact far too late for a small local model.
+    limits = {
+        "model_context_window": options.context_window,
+        "model_max_output_tokens": options.max_tokens,
+        "model_auto_compact_token_limit": int(options.context_window * 0.9),
+    }
+    return {
+        "model": endpoint.main_model,
+        "model_provider": PROVIDER_ID,
+        **limits,
+        "model_providers": {PROVIDER_ID: provider},
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -327,7 +344,7 @@ def render(client: Client, fmt: OutputFormat, endpoint: Endpoint, options: Conne
     if client is Client.openclaw:
         return render_json(openclaw_fragment(endpoint, options))
     if client is Client.codex:
-        return tomli_w.dumps(codex_fragment(endpoint, session_id=options.session_id))
+        return tomli_w.dumps(codex_fragment(endpoint, options))
     if client is Client.claude_code:
         env = claude_code_env(endpoint, reveal=options.reveal, session_id=options.session_id)
         extra = ""
@@ -420,9 +437,9 @@ def _merge_codex(existing: str | None, endpoint: Endpoint, options: ConnectOptio
         document = tomllib.loads(existing) if existing else {}
     except tomllib.TOMLDecodeError as exc:
         raise CliFailure(f"cannot merge into {path}: not valid TOML ({exc})") from None
-    fragment = codex_fragment(endpoint, session_id=options.session_id)
-    document["model"] = fragment["model"]
-    document["model_provider"] = fragment["model_provider"]
+    fragment = codex_fragment(endpoint, options)
+    for key in ("model", "model_provider", *CODEX_LIMIT_KEYS):
+        document[key] = fragment[key]
     providers = document.setdefault("model_providers", {})
     if not isinstance(providers, dict):
         raise CliFailure(f"cannot merge into {path}: model_providers is not a table")

@@ -592,6 +592,7 @@ class TrainerLoop:
                     teacher_logprobs=teacher,
                     has_next_state=turn.next_state is not None,
                     base_logprobs=base,
+                    forced_tokens=tuple(int(i) for i in turn.metadata.get("forced_tokens") or ()),
                 )
             )
         # Written together: the sampler decodes concurrent requests in one batch.

@@ -5,10 +5,11 @@ blocks), system (string or text blocks), tools (client tools with input_schema),
 temperature, top_p, top_k, metadata.user_id, stream, ``output_config.format`` (structured output: a JSON Schema;
 also the earlier beta's top-level ``output_format``). ``thinking``, ``context_management``, ``output_config.effort``,
 ``cache_control`` and any other unknown field are accepted and ignored, as are the ``anthropic-version`` /
-``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any / tool, ``disable_parallel_tool_use``
-and the output format are enforced by checking and resampling, not by constrained decoding (see
-proxy/constraints.py); such a request with ``stream`` true gets the full event sequence, but only once the whole
-reply is known (not token by token), with keep-alives meanwhile when that takes longer than ``proxy.keepalive_s``.
+``anthropic-beta`` headers and a ``?beta=true`` query. ``tool_choice`` any / tool and the output format are
+enforced by constrained decoding where the backend has it, else by checking and resampling (see
+proxy/constraints.py); ``disable_parallel_tool_use`` by returning the first call. A checked request (or one that may
+lose calls) with ``stream`` true gets the full event sequence, but only once the whole reply is known, with
+keep-alives meanwhile when that takes longer than ``proxy.keepalive_s``.
 
 A streamed reply is the full event sequence, token by token: ``message_start``, ``ping``, then per content block
 ``content_block_start`` / ``content_block_delta`` (``thinking_delta`` | ``text_delta`` | ``input_json_delta``) /

@@ -197,7 +197,7 @@ def to_openai_tools(tools: Any) -> list[dict[str, Any]]:
 
 def apply_tool_choice(tools: list[dict[str, Any]], choice: Any) -> tuple[list[dict[str, Any]] | None, bool]:
     """(tools shown to the model, whether tool calls are parsed). ``none`` hides the tools; ``tool`` shows only the
-    named one; ``any`` / ``auto`` show all (any / tool are enforced by resampling: proxy/constraints.py)."""
+    named one; ``any`` / ``auto`` show all (any / tool are enforced as proxy/constraints.py says)."""
     if choice is None:
         return (tools or None), bool(tools)
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):

@@ -181,6 +181,10 @@ def build_exchange(
         metadata["turn_type"] = req.model.turn_type_hint
     if result.stop_sequence is not None:
         metadata["stop_sequence"] = result.stop_sequence
+    if prepared.params.constraint is not None:  # decoded under the request's tool call / JSON demand
+        metadata["constrained_decoding"] = True
+        if result.forced_tokens:
+            metadata["forced_tokens"] = list(result.forced_tokens)
     metadata.update(extra_metadata or {})
     return CapturedExchange(
         api=call.api,

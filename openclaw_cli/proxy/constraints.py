@@ -1,25 +1,33 @@
-"""What a request demands of the reply, enforced without constrained decoding: check each sample, resample if needed.
+"""What a request demands of the reply, and how it is met: by constrained decoding where the backend has it, else
+by checking each sample and resampling.
 
-Three demands are enforced here, the same way for both APIs:
+Three demands, the same way for every API:
 
 - a tool call (OpenAI ``tool_choice`` "required" or a named function; Anthropic ``tool_choice`` any / tool): the
   reply must call at least one tool, and every call it returns must name an offered tool (the named one, when one
   is named). A call to any other tool does not count.
-- a JSON answer (OpenAI ``response_format`` json_object / json_schema): a reply without tool calls must be exactly
-  one JSON value (surrounding whitespace aside; a Markdown fence around it does not count); json_object needs an
-  object; json_schema is validated against the schema with ``jsonschema`` (an invalid schema is a 400 when the
-  request is parsed). The prompt is not changed:
-  as with OpenAI's json_object, the messages themselves must ask for JSON.
+- a JSON answer (OpenAI ``response_format`` json_object / json_schema, Responses ``text.format``, Anthropic
+  ``output_config.format``): a reply without tool calls must be exactly one JSON value (surrounding whitespace aside;
+  a Markdown fence around it does not count); json_object needs an object; json_schema is validated against the
+  schema with ``jsonschema`` (an invalid schema is a 400 when the request is parsed). The prompt is not changed: as
+  with OpenAI's json_object, the messages themselves should say what to write.
 - one tool call at most (OpenAI ``parallel_tool_calls`` false; Anthropic ``disable_parallel_tool_use``): only the
   first call is returned. The captured completion tokens stay what the model wrote (all calls); the captured
   response and assistant message are what the client saw, and the exchange metadata says how many calls were left
   out (``tool_calls_dropped``).
 
-A sample that misses a demand is discarded and a fresh one drawn (a real sample each time, with a different seed
-when the request set one), up to ``proxy.tool_choice_retries`` more times per choice; only the returned sample is
-captured (the discarded ones are not stored, and the exchange metadata records ``samples_drawn``). When every
-attempt misses, the request fails with a 502 in the caller's format, marked not to be retried by the SDK (the proxy
-has already retried).
+**Constrained decoding** (:func:`decoding_constraint`): when the backend takes the demand as an
+:class:`~openclaw_cli.types.OutputConstraint` (``Backend.accepts_constraint``: the local samplers, and Fireworks for a
+plain JSON answer), every token is drawn from the tokens that keep the reply valid: a required tool call is exactly
+one call in the model's own frame; a JSON answer is the JSON value, or one tool call where tools are offered and not
+ruled out. The first sample meets the demand (a reply cut by ``max_tokens`` is returned cut, finish reason
+``length``, as OpenAI does), so the reply streams as it is made.
+
+**Resampling** otherwise (Tinker, a schema the grammar library rejects): a sample that misses a demand is discarded
+and a fresh one drawn (a real sample each time, with a different seed when the request set one), up to
+``proxy.tool_choice_retries`` more times per choice; only the returned sample is captured (the discarded ones are
+not stored, and the exchange metadata records ``samples_drawn``). When every attempt misses, the request fails with a
+502 in the caller's format, marked not to be retried by the SDK (the proxy has already retried).
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from openclaw_cli.backend import Backend
+from openclaw_cli.backend import Backend, ChatTokenizer, SupportsConstrainedDecoding
 from openclaw_cli.proxy.completion import PreparedPrompt, sample_with_params, split_completion
 from openclaw_cli.proxy.errors import ProxyError
-from openclaw_cli.types import ParsedAssistant, SampleResult, SamplingParams, ToolCall
+from openclaw_cli.structured_output import json_form, tool_call_form
+from openclaw_cli.types import OutputConstraint, ParsedAssistant, SampleResult, SamplingParams, ToolCall
 
 if TYPE_CHECKING:
     from openclaw_cli.proxy.state import BackendHealth
@@ -51,15 +60,37 @@ class ReplyConstraints:
     json_kind: JsonKind | None = None
     json_schema: dict[str, Any] | None = None
     param: str | None = None  # the request parameter that demanded the checked property (for the error)
+    decoded: bool = False  # the backend enforces the demands while decoding (see decoding_constraint)
+    unenforced_because: str = ""  # why decoding does not enforce them, when it could have (for the error)
+
+    @property
+    def demanded(self) -> bool:
+        """Whether the reply has a form to meet (a tool call or a JSON answer)."""
+        return self.tool_names is not None or self.json_kind is not None
 
     @property
     def checked(self) -> bool:
         """Whether a sample can miss (and so may need resampling, which rules out streaming tokens as they come)."""
-        return self.tool_names is not None or self.json_kind is not None
+        return self.demanded and not self.decoded
 
     @property
     def active(self) -> bool:
-        return self.checked or self.single_tool_call
+        """Whether the reply must be seen whole before it is sent (a decoded reply has one tool call at most)."""
+        return self.checked or (self.single_tool_call and not self.decoded)
+
+    def output_constraint(
+        self, tokenizer: ChatTokenizer, tools: list[dict[str, Any]] | None
+    ) -> OutputConstraint | None:
+        """The demands as a decoding constraint: the required tool call; or the JSON answer, or a tool call where
+        tools are offered. None when nothing is demanded."""
+        if self.tool_names is not None and tools:
+            return OutputConstraint((tool_call_form(tokenizer, tools, self.tool_names),))
+        if self.json_kind is None:
+            return None
+        forms = [json_form(self.json_schema if self.json_kind == "schema" else None)]
+        if tools:
+            forms.append(tool_call_form(tokenizer, tools, None))
+        return OutputConstraint(tuple(forms))
 
     def visible_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
         return calls[:1] if self.single_tool_call else calls
@@ -82,6 +113,27 @@ class ReplyConstraints:
         if self.json_kind is not None and not calls:
             return json_violation(parsed.content, self.json_kind, self.json_schema)
         return None
+
+
+def decoding_constraint(
+    backend: Backend, constraints: ReplyConstraints, tools: list[dict[str, Any]] | None, *, reasoning_open: bool
+) -> tuple[ReplyConstraints, OutputConstraint | None]:
+    """The request's demands with the constraint the backend decodes under (``decoded`` set), or unchanged with
+    None when nothing is demanded or the backend cannot enforce it (then each sample is checked and resampled).
+    A prompt that ends inside an open ``<think>`` is not constrained: the reply must first close the reasoning,
+    which the grammar does not describe."""
+    if not constraints.demanded or reasoning_open:
+        return constraints, None
+    if not isinstance(backend, SupportsConstrainedDecoding):
+        return constraints, None
+    accepts = backend.accepts_constraint
+    constraint = constraints.output_constraint(backend.tokenizer(), tools)
+    if constraint is None:
+        return constraints, None
+    reason = accepts(constraint)
+    if reason is not None:
+        return replace(constraints, unenforced_because=reason), None
+    return replace(constraints, decoded=True), constraint
 
 
 def json_violation(text: str, kind: JsonKind, schema: dict[str, Any] | None) -> str | None:
@@ -162,8 +214,12 @@ async def sample_satisfying(
         if reason is not None:
             raise ProxyError(
                 502,
-                f"{reason} (tried {sampled.samples_drawn} samples; proxy.tool_choice_retries={retries}; the proxy "
-                "has no constrained decoding)",
+                f"{reason} (tried {sampled.samples_drawn} samples; proxy.tool_choice_retries={retries}; "
+                + (
+                    f"constrained decoding could not take this request: {constraints.unenforced_because})"
+                    if constraints.unenforced_because
+                    else "this backend has no constrained decoding)"
+                ),
                 kind="unmet_constraint",
                 param=constraints.param,
             )
@@ -172,7 +228,7 @@ async def sample_satisfying(
 
 def capture_metadata(constraints: ReplyConstraints, sample: Sampled) -> dict[str, Any]:
     """What the capture should know about enforcement: samples drawn, tool calls the client did not see."""
-    if not constraints.active:
+    if not (constraints.active or constraints.decoded):
         return {}
     dropped = len(sample.parsed.tool_calls) - len(constraints.visible_calls(sample.parsed.tool_calls))
     meta: dict[str, Any] = {"samples_drawn": sample.samples_drawn}

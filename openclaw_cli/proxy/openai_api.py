@@ -10,11 +10,11 @@ Known limits, by design:
   (temperature 1, no top-k/top-p), the values the trainer uses.
 - ``tool_choice``: "none" hides the tools from the model; a named function shows the model only that tool;
   ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [...]}}`` shows only the listed
-  tools. "required" / a named function / allowed_tools with mode "required", ``parallel_tool_calls`` false and
-  ``response_format`` json_object / json_schema are enforced by checking and resampling, not by constrained decoding
-  (see proxy/constraints.py); such a request with ``stream`` true is answered as a stream, but only once the whole
-  reply is known (not token by token), with keep-alives meanwhile when that takes longer than ``proxy.keepalive_s``
-  (see buffered_stream.py).
+  tools. "required" / a named function / allowed_tools with mode "required" and ``response_format`` json_object /
+  json_schema are enforced by constrained decoding where the backend has it, else by checking and resampling (see
+  proxy/constraints.py); ``parallel_tool_calls`` false by returning the first call. A request that is checked (or
+  may lose calls) with ``stream`` true is answered as a stream, but only once the whole reply is known, with
+  keep-alives meanwhile when that takes longer than ``proxy.keepalive_s`` (see buffered_stream.py).
 - Other unknown fields are accepted and ignored.
 """
 
@@ -166,12 +166,15 @@ def _allowed_tool_names(choice: dict[str, Any], tools: list[dict[str, Any]]) -> 
 
 
 def parse_response_format(body: dict[str, Any]) -> tuple[JsonKind | None, dict[str, Any] | None]:
-    """(JSON kind the reply must be: None / "object" / "schema", the schema if one was given)."""
+    """(JSON kind the reply must be: None / "object" / "schema", the schema if one was given). A json_object with a
+    ``schema`` (the form Together, Fireworks and instructor's JSON_SCHEMA mode send) is held to that schema."""
     fmt = get_field(body, "response_format", dict)
     if fmt is None or fmt.get("type") == "text":
         return None, None
     if fmt.get("type") == "json_object":
-        return "object", None
+        if fmt.get("schema") is None:
+            return "object", None
+        return "schema", _checked_schema(fmt["schema"], "response_format.schema")
     if fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
@@ -179,19 +182,19 @@ def parse_response_format(body: dict[str, Any]) -> tuple[JsonKind | None, dict[s
                 400, "response_format.json_schema must be an object with a 'name'", param="response_format"
             )
         schema = spec.get("schema")
-        if schema is not None and not isinstance(schema, dict):
-            raise ProxyError(400, "response_format.json_schema.schema must be an object", param="response_format")
-        problem = schema_error(schema) if schema is not None else None
-        if problem is not None:
-            raise ProxyError(
-                400,
-                f"response_format.json_schema.schema is not a valid JSON Schema: {problem}",
-                param="response_format",
-            )
-        return "schema", schema
+        return "schema", None if schema is None else _checked_schema(schema, "response_format.json_schema.schema")
     raise ProxyError(
         400, "response_format.type must be 'text', 'json_object' or 'json_schema'", param="response_format"
     )
+
+
+def _checked_schema(schema: Any, where: str) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        raise ProxyError(400, f"{where} must be an object", param="response_format")
+    problem = schema_error(schema)
+    if problem is not None:
+        raise ProxyError(400, f"{where} is not a valid JSON Schema: {problem}", param="response_format")
+    return schema
 
 
 def parse_constraints(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> ReplyConstraints:

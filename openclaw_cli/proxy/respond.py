@@ -3,9 +3,10 @@
 - :func:`answer`: picks between the two for a parsed request (:func:`start_call` renders and budgets it).
 - :func:`stream_response`: a live SSE stream of the backend's tokens (the stream is opened before the response
   starts, so a failure to start is still an HTTP error; it is closed when the client leaves, even before the body).
-- :func:`whole_reply_response`: the reply sampled whole (checked against the request's constraints), answered as
-  JSON, or for a constrained request with ``stream: true`` replayed as a stream once known, with keep-alives while
-  it is sampled (see :mod:`openclaw_cli.proxy.buffered_stream`). The reply is recorded before any of it is sent.
+- :func:`whole_reply_response`: the reply sampled whole (checked against the request's demands where decoding
+  does not enforce them), answered as JSON, or for such a request with ``stream: true`` replayed as a stream once
+  known, with keep-alives while it is sampled (see :mod:`openclaw_cli.proxy.buffered_stream`). The reply is
+  recorded before any of it is sent.
 
 Each API supplies only what differs, as a :class:`ReplyFormat`: its live frames, how its body is built and recorded,
 how a body replays as its stream, its error frame and headers.
@@ -38,7 +39,7 @@ from openclaw_cli.proxy.api_call import ApiCall, ParsedRequest, R
 from openclaw_cli.proxy.auth import presented_key
 from openclaw_cli.proxy.buffered_stream import buffered_stream_response
 from openclaw_cli.proxy.completion import prepare_prompt
-from openclaw_cli.proxy.constraints import Sampled, sample_satisfying
+from openclaw_cli.proxy.constraints import Sampled, decoding_constraint, sample_satisfying
 from openclaw_cli.proxy.disconnect import ClientGone, unless_disconnected
 from openclaw_cli.proxy.errors import ProxyError
 from openclaw_cli.proxy.sse import KEEPALIVE_COMMENT, SSE_HEADERS, SSE_MEDIA_TYPE
@@ -75,6 +76,15 @@ async def start_call(request: Request, state: ProxyState, req: R, *, api: ApiKin
         max_output_tokens=state.settings.proxy.max_output_tokens,
     )
     prepared = replace(prepared, messages=req.messages, lessons=tuple(lessons), owner=owner)
+    constraints, constraint = decoding_constraint(
+        state.backend,
+        req.constraints,
+        prepared.tools if prepared.tools_offered else None,
+        reasoning_open=prepared.starts_in_reasoning,
+    )
+    if constraint is not None:
+        prepared = replace(prepared, params=replace(prepared.params, constraint=constraint))
+    req.constraints = constraints
     return ApiCall(api, request_id, request, state, req, prepared)
 
 

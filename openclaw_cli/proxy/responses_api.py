@@ -17,7 +17,8 @@ then per output item ``response.output_item.added``, its deltas (``response.reas
 item, then ``response.completed`` with the response (id, output, usage). A prompt that cannot fit the context is
 ``response.failed`` with code ``context_length_exceeded`` on a stream (Codex reads the code there), a 400 otherwise;
 a failure mid-stream is ``response.failed`` too. Constrained requests (tool_choice required / named, text.format)
-are checked and resampled as on the other APIs and streamed once the reply is known.
+are met as on the other APIs: decoded under the constraint and streamed token by token where the backend constrains
+decoding, else checked, resampled and streamed once the reply is known.
 """
 
 from __future__ import annotations

@@ -81,12 +81,14 @@ from openclaw_cli.backends.fireworks.serving import (
     deployment_model_name,
 )
 from openclaw_cli.backends.sampler_serving import ServesFromSampler
+from openclaw_cli.structured_output import plain_json_schema
 from openclaw_cli.types import (
     AdamParams,
     Datum,
     FwdBwdResult,
     LossName,
     Message,
+    OutputConstraint,
     ParsedAssistant,
     PolicyVersion,
     StepResult,
@@ -371,6 +373,13 @@ class FireworksBatchBackend(ServesFromSampler):
         return self.fw.addon_mode == "hot_reload"
 
     # -- serving --------------------------------------------------------------------------------------------------
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        """Fireworks' JSON mode (``response_format`` json_schema) enforces a plain JSON answer while decoding; a tool
+        call in the model's own frame, or JSON-or-a-tool-call, is not a JSON Schema, so it is checked and resampled."""
+        if plain_json_schema(constraint) is None:
+            return "Fireworks' JSON mode takes one JSON schema, not a tool call in the model's frame"
+        return None
 
     def tokenizer(self) -> RecordingTokenizer:
         if self._tokenizer is None:

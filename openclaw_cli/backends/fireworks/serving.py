@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer, none_before
 from openclaw_cli.backends.fireworks.control import api_error, error_detail, status_of
+from openclaw_cli.structured_output import plain_json_schema
 from openclaw_cli.types import FinishReason, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:
@@ -200,6 +201,9 @@ def completion_request(model: str, prompt: Sequence[int], params: SamplingParams
         body["seed"] = params.seed
     if stream:
         body["stream"] = True
+    if params.constraint is not None:  # only a plain JSON answer gets here (FireworksBatchBackend.accepts_constraint)
+        schema = plain_json_schema(params.constraint)
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
     return body
 
 

@@ -11,6 +11,7 @@ Heavy imports (torch, transformers, peft) happen in :meth:`LocalBackend.start`, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import os
@@ -18,13 +19,25 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from openclaw_cli.backend import BackendError, Check
 from openclaw_cli.backends.local.heap import keep_large_allocations_mapped, release_free_memory
 from openclaw_cli.backends.sampler_serving import ServesFromSampler
-from openclaw_cli.types import AdamParams, Datum, FwdBwdResult, LossName, PolicyVersion, StepResult
+from openclaw_cli.types import (
+    AdamParams,
+    Datum,
+    FwdBwdResult,
+    LossName,
+    OutputConstraint,
+    PolicyVersion,
+    SampleResult,
+    SamplingParams,
+    StepResult,
+    StreamEvent,
+)
 
 if TYPE_CHECKING:
     from openclaw_cli.backends.local.lora_delta import LoraWeights
@@ -143,6 +156,55 @@ class LocalBackend(ServesFromSampler):
     def tokenizer(self) -> HFChatTokenizer:
         return self._require_loaded().tokenizer
 
+    # -- serving: vLLM's constrained replies get the policy's own log-probabilities --------------------------------
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        result = await super().sample(prompt_tokens, params, version)
+        return await self._with_policy_logprobs(prompt_tokens, params, result)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        events = super().stream(prompt_tokens, params, version)
+        if self._vllm is None or params.constraint is None:
+            return events
+        return self._rescored(prompt_tokens, params, events)
+
+    async def _rescored(
+        self, prompt_tokens: list[int], params: SamplingParams, events: AsyncIterator[StreamEvent]
+    ) -> AsyncIterator[StreamEvent]:
+        async with contextlib.aclosing(cast(Any, events)):
+            async for event in events:
+                if isinstance(event, SampleResult):
+                    event = await self._with_policy_logprobs(prompt_tokens, params, event)
+                yield event
+
+    async def _with_policy_logprobs(
+        self, prompt_tokens: list[int], params: SamplingParams, result: SampleResult
+    ) -> SampleResult:
+        """A reply vLLM decoded under a constraint carries the masked distribution's log-probabilities (vLLM masks
+        before it computes them): the torch copy of the same version scores it for the policy's own, and the masked
+        values become the sampling log-probabilities where they are that (temperature 1, unfiltered)."""
+        if self._vllm is None or params.constraint is None or not result.tokens:
+            return result
+        scores = await self._require_sampler().compute_logprobs(
+            list(prompt_tokens) + result.tokens, version=result.version, start=len(prompt_tokens)
+        )
+        masked = result.logprobs
+        result.logprobs = [float(v) for v in scores[len(prompt_tokens) :] if v is not None]
+        if params.temperature == 0:
+            result.sampling_logprobs = [0.0] * len(result.tokens)
+        elif params.temperature == 1 and params.top_p >= 1 and params.top_k <= 0:
+            result.sampling_logprobs = masked
+        return result
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        """None when the serving sampler decodes under ``constraint`` (llguidance on the transformers sampler,
+        vLLM's structured outputs on vLLM), else why not (the proxy then checks and resamples)."""
+        return self._serving_sampler().accepts_constraint(constraint)
+
     def current_version(self) -> PolicyVersion:
         return self._require_versions().current()
 
@@ -159,7 +221,8 @@ class LocalBackend(ServesFromSampler):
     ) -> FwdBwdResult:
         trainer = self._require_trainer()
         async with self._train_lock:
-            return await asyncio.to_thread(trainer.forward_backward, datums, loss, loss_config)
+            with self._require_sampler().other_work.running():  # decode steps leave it cores meanwhile
+                return await asyncio.to_thread(trainer.forward_backward, datums, loss, loss_config)
 
     async def discard_gradients(self) -> None:
         trainer = self._require_trainer()
@@ -169,7 +232,8 @@ class LocalBackend(ServesFromSampler):
     async def optim_step(self, adam: AdamParams) -> StepResult:
         trainer = self._require_trainer()
         async with self._train_lock:
-            result = await asyncio.to_thread(trainer.optim_step, adam)
+            with self._require_sampler().other_work.running():
+                result = await asyncio.to_thread(trainer.optim_step, adam)
             # The step's activations and gradients are all freed by now: give their pages back (see heap.py).
             await asyncio.to_thread(release_free_memory)
             return result

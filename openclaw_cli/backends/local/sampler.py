@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from openclaw_cli.backend import BackendError
-from openclaw_cli.backends.local.cpu_threads import default_decode_threads, per_thread_setter
+from openclaw_cli.backends.local.cpu_threads import OtherWork, default_decode_threads, per_thread_setter
+from openclaw_cli.backends.local.grammar import ConstrainedRow, GrammarMasks
 from openclaw_cli.backends.local.serving import PolicyVersions, ServedVersion
-from openclaw_cli.types import FinishReason, SampleResult, SamplingParams, StreamEvent, TokenChunk
+from openclaw_cli.types import FinishReason, OutputConstraint, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 
@@ -71,10 +72,18 @@ class TokenChoice:
     top: tuple[tuple[int, float], ...] = ()  # the params.top_logprobs most likely tokens of the raw distribution
 
 
-def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> TokenChoice:
+def choose_token(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    allowed_logits: torch.Tensor | None = None,
+) -> TokenChoice:
     """Draw one token from 1-D ``logits``: temperature, then top-k, then top-p (the order vLLM and HF use).
 
     Temperature 0 is greedy; its sampling distribution is a point mass, so ``sampling_logprob`` is 0.
+    ``allowed_logits``: the logits with the tokens a constraint forbids at -inf (constrained decoding); the token is
+    drawn from them, ``sampling_logprob`` is under that masked distribution and ``logprob`` (and the top
+    alternatives) under the unmasked policy, as training's importance ratio needs.
     """
     logits = logits.float()
     raw = torch.log_softmax(logits, dim=-1)
@@ -82,10 +91,11 @@ def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     if params.top_logprobs:
         values, ids = torch.topk(raw, params.top_logprobs)
         top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    drawn_from = logits if allowed_logits is None else allowed_logits.float()
     if params.temperature == 0:
-        token = int(torch.argmax(logits))
+        token = int(torch.argmax(drawn_from))
         return TokenChoice(token, float(raw[token]), 0.0, top)
-    scores = logits / params.temperature
+    scores = drawn_from / params.temperature
     scores = filter_top_p(filter_top_k(scores, params.top_k), params.top_p)
     processed = torch.log_softmax(scores, dim=-1)
     token = int(torch.multinomial(processed.exp(), 1, generator=generator))
@@ -225,6 +235,7 @@ class _Request:
     generator: torch.Generator
     text: IncrementalText
     stop_ids: frozenset[int]
+    grammar: ConstrainedRow | None = None  # constrained decoding (params.constraint)
     cache: Any = None  # its own KV cache while the prompt is prefilled; then the batch's
     prefilled: int = 0  # prompt tokens in the cache so far
     pad: int = 0  # left padding of this row in the batch cache
@@ -233,6 +244,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     sampling_logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    forced_tokens: list[int] = field(default_factory=list)
     first_token_at: float = 0.0
     finish_reason: FinishReason | None = None
 
@@ -246,6 +258,7 @@ class _Request:
             stop_sequence=self.text.stop_sequence,
             sampling_logprobs=self.sampling_logprobs,
             top_logprobs=self.top_logprobs,
+            forced_tokens=self.forced_tokens,
             prompt_tokens=len(self.prompt),
             started_at=self.accepted_at,
             first_token_at=self.first_token_at,
@@ -282,7 +295,8 @@ class TransformersSampler:
     pass, each row on its own policy version (:meth:`PolicyVersions.activate_rows`). At most ``max_concurrent``
     requests are admitted; the rest wait in order. Padded positions are masked and each row keeps its own position
     ids, so a row's tokens and log-probabilities are those it would get alone (up to float rounding). On CPU,
-    decode steps run on ``decode_threads`` cores and prefill on all (:mod:`openclaw_cli.backends.local.cpu_threads`).
+    prefill runs on all cores, and decode steps too while no training or scoring pass runs (``other_work``), else on
+    ``decode_threads`` (:mod:`openclaw_cli.backends.local.cpu_threads`).
     """
 
     PREFILL_CHUNK = 512
@@ -306,10 +320,13 @@ class TransformersSampler:
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._cache_arg = _cache_argument_name(model)
         self._eos_ids = frozenset(int(t) for t in tokenizer.eos_token_ids)
+        self._masks = GrammarMasks(tokenizer, self._vocab_size, sorted(self._eos_ids))
         # CPU: decode steps on fewer threads than prefill (openclaw_cli.backends.local.cpu_threads); None = as is.
         self._set_threads = per_thread_setter() if self._device.type == "cpu" else None
         self._prefill_threads = torch.get_num_threads()
         self._decode_threads = decode_threads or default_decode_threads(self._prefill_threads)
+        # Training and scoring passes say when they run: decode steps take every core while none does.
+        self.other_work = OtherWork()
         self._lock = threading.Condition()
         self._waiting: deque[_Request] = deque()  # not yet admitted
         self._prefilling: deque[_Request] = deque()  # admitted, prompt not yet all in their own cache
@@ -356,7 +373,7 @@ class TransformersSampler:
             return [None] * len(tokens)
 
         def score() -> list[float]:
-            with self._versions.activate(served):
+            with self.other_work.running(), self._versions.activate(served):
                 return teacher_forced_logprobs(self._model, tokens, self._device, start)
 
         try:
@@ -380,7 +397,7 @@ class TransformersSampler:
             )
 
         def score() -> list[float]:
-            with self._versions.activate(served):
+            with self.other_work.running(), self._versions.activate(served):
                 return next_token_logprobs(self._model, prompt, candidates, self._device)
 
         try:
@@ -388,6 +405,10 @@ class TransformersSampler:
         except RuntimeError as exc:
             raise BackendError("the local sampler is closed", retryable=True) from exc
         return await asyncio.wrap_future(future)
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        """None when decoding can enforce ``constraint`` (llguidance takes its grammar), else why not."""
+        return self._masks.error(constraint)
 
     def close(self) -> None:
         """Stop accepting work: requests not yet admitted fail; running ones stop when their consumers go away."""
@@ -409,6 +430,9 @@ class TransformersSampler:
         accepted_at = time.time()
         prompt = [int(t) for t in prompt_tokens]
         self._check_request(prompt, params)
+        grammar = None
+        if params.constraint is not None:  # compiled off the event loop (the first one also builds the vocabulary)
+            grammar = await asyncio.to_thread(self._masks.row, params.constraint)
         served = self._versions.acquire(version)  # pinned for the whole request, whatever publish does meanwhile
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
@@ -436,6 +460,7 @@ class TransformersSampler:
             generator=generator,
             text=IncrementalText(self._tokenizer.decode, params.stop),
             stop_ids=self._eos_ids | frozenset(params.stop_token_ids),
+            grammar=grammar,
         )
         with self._lock:
             if self._closed:
@@ -497,7 +522,7 @@ class TransformersSampler:
                     self._use_threads(self._prefill_threads)
                     self._guarded([prefill], self._prefill_chunk)
                 if self._rows:
-                    self._use_threads(self._decode_threads)
+                    self._use_threads(self._decode_threads if self.other_work.busy else self._prefill_threads)
                     self._guarded(list(self._rows), self._decode_step)
 
     def _use_threads(self, count: int) -> None:
@@ -584,7 +609,13 @@ class TransformersSampler:
         """Choose the request's next token from its logits, stream it; True when the request is finished (its
         result delivered)."""
         params = request.params
-        choice = choose_token(logits, params, request.generator)
+        remaining = params.max_tokens - len(request.tokens)
+        allowed = request.grammar.masked(logits, remaining) if request.grammar is not None else None
+        choice = choose_token(logits, params, request.generator, allowed)
+        if request.grammar is not None:
+            request.grammar.advance(choice.token)
+            if int(torch.isfinite(allowed).sum()) == 1:  # type: ignore[arg-type]
+                request.forced_tokens.append(len(request.tokens))
         if not request.tokens:
             request.first_token_at = time.time()
         request.tokens.append(choice.token)

@@ -13,6 +13,12 @@ Log-probabilities: vLLM is asked for ``logprobs=0`` (the sampled token only) wit
 top-p. That is :attr:`SampleResult.logprobs`, the same quantity a teacher-forced forward pass of the same policy
 version computes. The distribution actually sampled from (after temperature/top-p) is not reported by vLLM in the
 same run, so :attr:`SampleResult.sampling_logprobs` is left empty.
+
+Constrained decoding: a request's :class:`~openclaw_cli.types.OutputConstraint` goes to vLLM's structured outputs
+as the same Lark grammar the transformers sampler uses, on vLLM's ``guidance`` backend (llguidance). vLLM masks the
+logits before its sampler computes log-probabilities, so a constrained reply's logprobs are those of the masked
+distribution: the local backend rescores such a reply with the torch copy of the same version for the policy's own
+(:meth:`openclaw_cli.backends.local.LocalBackend.stream`).
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
+from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
 from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
-from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
+from openclaw_cli.types import OutputConstraint, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
@@ -193,6 +200,8 @@ class VLLMSampler:
             "max_cpu_loras": slots,
             "max_num_seqs": max(local.max_concurrent_requests, 1) * 4,
         }
+        if "structured_outputs_config" in AsyncEngineArgs.__dataclass_fields__:
+            args["structured_outputs_config"] = {"backend": "guidance"}  # our grammars are llguidance's Lark
         if on_cpu:
             args["enforce_eager"] = True  # inductor compilation takes minutes on CPU (measured 186 s against 23-50 s)
         known = set(AsyncEngineArgs.__dataclass_fields__)
@@ -409,7 +418,21 @@ class VLLMSampler:
         }
         if params.top_k > 0:
             kwargs["top_k"] = params.top_k
+        if params.constraint is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(
+                grammar=grammar_for(self.tokenizer, params.constraint)
+            )
         return VllmSamplingParams(**kwargs)
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        """None when vLLM's structured outputs can enforce ``constraint`` (llguidance takes its grammar)."""
+        try:
+            from vllm.sampling_params import StructuredOutputsParams  # noqa: F401
+        except ImportError:
+            return "this vLLM has no structured outputs (StructuredOutputsParams)"
+        return grammar_error(grammar_for(self.tokenizer, constraint))
 
     def _require_engine(self) -> Any:
         if self._engine is None:

@@ -39,6 +39,9 @@ class TrainSample:
     # A demonstration that distils lessons (openclaw_cli/learn/lessons.py): the ids of the lessons its turn was served
     # with; the completion is the base model's reply with them, trained as the reply to the conversation without.
     consolidates: tuple[int, ...] = ()
+    # Constrained decoding (metadata ``forced_tokens``): completion positions where the grammar left one token. The
+    # reply was drawn from the masked policy, under which these tokens are certain: no policy gradient there.
+    forced_tokens: tuple[int, ...] = ()
 
 
 def ppo_loss_config(train: TrainSettings) -> dict[str, float]:
@@ -54,9 +57,12 @@ def _advantages(sample: TrainSample, method: Method, train: TrainSettings, basel
     if sample.demo_weight is not None:
         return [sample.demo_weight] * len(sample.completion_tokens) if sample.demo_weight else None
     advantages = _signal(sample, method, train, baseline)
-    if advantages is None or train.kl_coef == 0 or sample.base_logprobs is None:
-        return advantages
-    return kl_anchored(advantages, sample.sampler_logprobs, sample.base_logprobs, train.kl_coef)
+    if advantages is not None and train.kl_coef != 0 and sample.base_logprobs is not None:
+        advantages = kl_anchored(advantages, sample.sampler_logprobs, sample.base_logprobs, train.kl_coef)
+    if advantages is not None and sample.forced_tokens:
+        forced = set(sample.forced_tokens)
+        advantages = [0.0 if i in forced else a for i, a in enumerate(advantages)]
+    return advantages
 
 
 def kl_anchored(advantages: list[float], old: list[float], base: list[float], coef: float) -> list[float]:
@@ -115,6 +121,8 @@ def build_datums(
       method, and no KL anchor; a sample with ``token_advantages`` (a loop probe's) gets exactly those.
     - KL anchor (``train.kl_coef``): a sample with signal and ``base_logprobs`` gets
       ``-kl_coef * (log pi_old - log pi_base)`` added to each token's advantage (:func:`kl_anchored`).
+    - A constrained reply's forced tokens (``forced_tokens``) get advantage 0: drawn from the masked policy, they
+      were certain, so the reply says nothing about them (see docs/learning.md, "Constrained replies").
     - Loss normalisation (``train.loss_norm``): backends sum over tokens, so the advantages are scaled here.
       ``token``: divided by the batch's total trained tokens (every token weighs the same, so a long reply's
       objections are not diluted by its length); ``sample``: divided by the sample's length and the number of
