@@ -187,6 +187,20 @@ def test_kl_anchor_subtracts_beta_times_old_minus_base_on_trained_tokens() -> No
     )
 
 
+def test_a_constrained_replys_forced_tokens_get_no_advantage() -> None:
+    """Tokens the grammar forced were certain under the masked policy the reply was drawn from: no gradient there.
+    The ratio stays against the unmasked policy's logprobs (stored), for every token."""
+    train = TrainSettings(kl_coef=0.5, loss_norm="sample")
+    sample = TrainSample(
+        1, "s", [5], [7, 8, 9, 2], [-1.0, -3.0, -1.0, -0.5], 1, reward=1, base_logprobs=[-1.0] * 4, forced_tokens=(1, 3)
+    )
+    datums, ids = build_datums([sample], "rl", train, current_version=1)
+    assert ids == [1]
+    # 1 - 0.5 * (old - base) on the free tokens 0 and 2, 0 on the forced 1 and 3; / 4 tokens * 1 sample
+    assert datums[0].loss_fn_inputs["advantages"] == pytest.approx([0.25, 0.0, 0.25, 0.0])
+    assert datums[0].loss_fn_inputs["logprobs"] == pytest.approx([-1.0, -3.0, -1.0, -0.5])
+
+
 def test_a_hindsight_demonstration_trains_its_constant_advantage_without_the_kl_anchor() -> None:
     train = TrainSettings(kl_coef=0.5, loss_norm="sample")
     own = TrainSample(1, "s", [5], [9, 9], [-1.0, -1.0], 1, teacher_logprobs=[-1.5, -0.5], base_logprobs=[-2.0, -1.0])

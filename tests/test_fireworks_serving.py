@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from backend_helpers import running
@@ -206,6 +206,24 @@ def test_completion_request_leaves_out_knobs_at_their_neutral_values() -> None:
     }
     full = completion_request("m", [1], SamplingParams(max_tokens=1, top_p=0.9, top_k=20, stop=("\n",)), stream=False)
     assert (full["top_p"], full["top_k"], full["stop"], full["raw_output"]) == (0.9, 20, ["\n"], True)
+
+
+def test_a_plain_json_constraint_goes_as_fireworks_json_mode_and_a_tool_frame_is_left_to_resampling(
+    tiny_tokenizer: Any,
+) -> None:
+    from openclaw_cli.backends.fireworks.batch import FireworksBatchBackend
+    from openclaw_cli.structured_output import json_form, tool_call_form
+    from openclaw_cli.types import OutputConstraint
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    constraint = OutputConstraint((json_form(schema),))
+    body = completion_request("m", [1], SamplingParams(max_tokens=8, constraint=constraint), stream=True)
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    accepts = FireworksBatchBackend.accepts_constraint
+    assert accepts(cast(Any, None), constraint) is None
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    framed = OutputConstraint((tool_call_form(tiny_tokenizer, tools, None),))
+    assert "JSON mode" in (accepts(cast(Any, None), framed) or "")
 
 
 def test_a_reply_without_a_finish_reason_is_a_retryable_error(tiny_tokenizer: Any) -> None:

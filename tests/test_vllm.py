@@ -287,3 +287,74 @@ async def test_base_requests_stay_exact_beside_lora_requests_with_every_lora_slo
         for got in mixed:
             expected = _teacher_forced(vllm_model_dir, prompt, got.tokens, weights[2] if got.version else None)
             assert got.logprobs == pytest.approx(expected, abs=2e-3), got.version
+
+
+@pytest.mark.vllm
+@needs_vllm
+async def test_constrained_decoding_through_vllm_structured_outputs_keeps_the_policy_logprobs(
+    vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """The same grammars as the transformers sampler, through vLLM's structured outputs (guidance backend): a JSON
+    Schema and a forced tool call in the model's frame parse on the first sample; vLLM reports the masked
+    distribution's logprobs, so the local backend rescores the reply with the torch copy for the policy's own."""
+    import jsonschema
+
+    from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.structured_output import json_form, tool_call_form
+    from openclaw_cli.types import OutputConstraint
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string", "maxLength": 6},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["answer", "n"],
+        "additionalProperties": False,
+    }
+    settings = Settings(model=str(vllm_model_dir), lora={"rank": 4}, local={"sampler": "vllm", "dtype": "float32"})
+    backend = LocalBackend(settings)
+    await backend.start()
+    try:
+        assert backend.sampler_kind == "vllm"
+        tok = backend.tokenizer()
+        prompt = tok.render([{"role": "user", "content": "Hello!"}])
+        constraint = OutputConstraint((json_form(schema),))
+        assert backend.accepts_constraint(constraint) is None
+        for seed in range(3):
+            params = SamplingParams(max_tokens=120, temperature=1.0, seed=seed, constraint=constraint)
+            result = await backend.sample(prompt, params)
+            jsonschema.validate(json.loads(result.text), schema)
+            # The policy's own log-probabilities (a teacher-forced pass), and the masked ones vLLM sampled from.
+            policy = _teacher_forced(vllm_model_dir, prompt, result.tokens, None)
+            assert result.logprobs == pytest.approx(policy, abs=2e-3)
+            assert all(s >= p - 2e-3 for s, p in zip(result.sampling_logprobs, policy, strict=True))
+            assert max(s - p for s, p in zip(result.sampling_logprobs, policy, strict=True)) > 0.5
+
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_time",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"zone": {"enum": ["utc", "cet"]}},
+                        "required": ["zone"],
+                    },
+                },
+            }
+        ]
+        forced = OutputConstraint((tool_call_form(tok, tools, None),))
+        events = [
+            e
+            async for e in backend.stream(
+                tok.render([{"role": "user", "content": "Time?"}], tools),
+                SamplingParams(max_tokens=60, temperature=1.0, seed=5, constraint=forced),
+            )
+        ]
+        result = events[-1]
+        assert isinstance(result, SampleResult) and len(events) > 2  # streamed token by token
+        (call,) = tok.parse_assistant(result.text).tool_calls
+        assert call.name == "get_time" and json.loads(call.arguments)["zone"] in {"utc", "cet"}
+    finally:
+        await backend.close()
