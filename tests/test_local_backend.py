@@ -221,3 +221,29 @@ def test_diagnose_reports_without_loading_the_model(
 
     missing = {c.name: c for c in LocalBackend.diagnose(Settings(model=str(tmp_path / "nope")))}
     assert not missing["model"].ok and "not found" in missing["model"].detail
+
+
+async def test_training_passes_tell_decoding_to_leave_them_cores(backend: LocalBackend) -> None:
+    """Decode steps take every core unless a training or scoring pass runs (cpu_threads.OtherWork)."""
+    sampler = backend._require_sampler()
+    trainer = backend._require_trainer()
+    seen: list[bool] = []
+    real_forward_backward, real_optim_step = trainer.forward_backward, trainer.optim_step
+
+    def forward_backward(*args: object) -> object:
+        seen.append(sampler.other_work.busy)
+        return real_forward_backward(*args)
+
+    def optim_step(*args: object) -> object:
+        seen.append(sampler.other_work.busy)
+        return real_optim_step(*args)
+
+    trainer.forward_backward, trainer.optim_step = forward_backward, optim_step  # type: ignore[method-assign]
+    assert not sampler.other_work.busy
+    prompt = backend.tokenizer().render([{"role": "user", "content": "hi"}])
+    result = await backend.sample(prompt, SamplingParams(max_tokens=4, seed=0))
+    await train_one_step(backend, prompt, result, 1.0)
+    assert seen == [True, True] and not sampler.other_work.busy
+    # A scoring pass marks itself too, and unmarks when done.
+    await backend.compute_logprobs(prompt + result.tokens, start=len(prompt))
+    assert not sampler.other_work.busy
