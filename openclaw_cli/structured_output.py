@@ -40,12 +40,18 @@ def tool_call_form(tokenizer: ChatTokenizer, tools: list[dict[str, Any]], allowe
     """Exactly one call of a tool of ``tools`` (those named in ``allowed``; None = any), in the model's own frame."""
     frame = tool_call_frame(tokenizer)
     options = []
+    definitions: dict[str, Any] = {}
     for tool in tools:
         function = tool.get("function", tool)
         name = function.get("name")
         if allowed is not None and name not in allowed:
             continue
-        parameters = function.get("parameters") or function.get("input_schema") or {"type": "object"}
+        parameters = dict(function.get("parameters") or function.get("input_schema") or {"type": "object"})
+        # "#/$defs/X" in a tool's parameters points at the root of the schema it is in, which is now the call's:
+        # the definitions move there (a name two tools define differently stays put, and the grammar then says so).
+        for key, value in dict(parameters.pop("$defs", {})).items():
+            if definitions.setdefault(key, value) != value:
+                parameters.setdefault("$defs", {})[key] = value
         options.append(
             {
                 "type": "object",
@@ -57,6 +63,8 @@ def tool_call_form(tokenizer: ChatTokenizer, tools: list[dict[str, Any]], allowe
     call: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     if frame.in_list:
         call = {"type": "array", "items": call, "minItems": 1, "maxItems": 1}
+    if definitions:
+        call = {**call, "$defs": definitions}
     return ReplyForm(_schema_text(call), prefix=frame.prefix, suffix=frame.suffix)
 
 

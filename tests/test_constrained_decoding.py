@@ -398,3 +398,20 @@ def test_the_closing_path_from_the_start_is_the_shortest_object(served: SimpleNa
     assert value == {"answer": "", "score": 0, "tags": [], "ok": value["ok"]} and isinstance(value["ok"], bool)
     # The walk ran on a copy: the matcher itself is still at the start, and takes the path to a complete reply.
     assert matcher.consume_tokens(path) is True and matcher.is_accepting()
+
+
+def test_a_tool_whose_parameters_use_defs_is_still_decoded_under_its_schema(served: SimpleNamespace) -> None:
+    """Pydantic puts nested models in ``$defs``; inside the call object they must move to its root to resolve."""
+    parameters = {
+        "$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/Addr"}},
+        "required": ["name", "home"],
+    }
+    tools = [{"type": "function", "function": {"name": "save", "parameters": parameters}}]
+    constraint = OutputConstraint((tool_call_form(served.tok, tools, None),))
+    assert served.sampler.accepts_constraint(constraint) is None
+    params = SamplingParams(max_tokens=150, temperature=1.0, seed=4, constraint=constraint)
+    result = asyncio.run(served.sampler.sample(served.tok.render(USER, tools), params))
+    (call,) = served.tok.parse_assistant(result.text).tool_calls
+    jsonschema.validate(json.loads(call.arguments), parameters)

@@ -1,11 +1,11 @@
 """How many cores one thread's torch ops use, set for that thread alone.
 
-Decoding a small model on CPU is bound by memory bandwidth, not arithmetic: on 2 cores SmolLM2-135M decoded one
-request as fast on one core as on two, and a batch of four 27% faster on one (93 against 127 ms a step), because
-with several threads running torch (the sampler, the trainer, the judge's scoring) libgomp has more worker threads
+While other threads run torch beside the sampler (the trainer, the judge's scoring), decoding a small model is
+faster on fewer cores: on 2 cores with the trainer busy, SmolLM2-135M decoded one request as fast on one core as on
+two, and a batch of four 27% faster on one (93 against 127 ms a step), because libgomp then has more worker threads
 than cores, stops spinning between parallel regions, and every one of the ~200 small matrix products of a decode
 step pays a futex wake-up. Prefill is arithmetic-bound and wants every core. So the sampler switches its own thread
-between the two counts.
+between the counts.
 
 ``torch.set_num_threads`` cannot do that: besides the calling thread it changes the count every thread started later
 takes on its first parallel op. libgomp's own ``omp_set_num_threads`` changes only the calling thread's count, and
@@ -13,9 +13,10 @@ torch reads that count (``torch.get_num_threads`` is ``omp_get_max_threads``). W
 libgomp it ships (other platforms), :func:`per_thread_setter` returns None and the counts stay as they are.
 
 The fewer decode threads only pay while other torch work runs beside decoding. Alone, decode steps are faster on
-every core (SmolLM2-135M, one request, quiet 2-core machine: 12.6 tokens/s on one thread against 21.1 for transformers
-``generate`` on two), so the sampler asks :class:`OtherWork` before each step: all cores while no training pass or
-scoring pass runs (always under ``openclaw serve``, which does not train), ``local.decode_threads`` while one does.
+every core: SmolLM2-135M through the sampler on this quiet 2-core machine, 128 greedy tokens, 23.9-26.6 tokens/s on
+both cores against 16.6-18.0 on one (four requests: 60-70 against 36-38). So the sampler asks :class:`OtherWork`
+before each step: all cores while no training pass or scoring pass runs (always under ``openclaw serve``, which does
+not train), ``local.decode_threads`` while one does.
 """
 
 from __future__ import annotations
