@@ -458,8 +458,7 @@ def test_connect_reads_the_running_servers_name_and_limits(tiny_tokenizer: Any) 
         codex = tomllib.loads(ok("codex", "--port", port, "--set", f"api_key={SECRET}").stdout)
         assert codex["model"] == "/models/my-tiny"
         # Codex has no catalogue entry for the policy: the limits it would otherwise guess (and warn about).
-        assert (codex["model_context_window"], codex["model_max_output_tokens"]) == (8192, 2048)
-        assert codex["model_auto_compact_token_limit"] == 7372
+        assert (codex["model_context_window"], codex["model_auto_compact_token_limit"]) == (8192, 7372)
         # The name connect prints before any server runs is accepted too.
         client = anthropic.Anthropic(base_url=server.base_url, api_key=SECRET, max_retries=0)
         reply = client.messages.create(

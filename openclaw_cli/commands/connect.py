@@ -18,9 +18,8 @@ Clients and what they get (URL, key and model names come from the effective sett
 - ``codex``: a ``~/.codex/config.toml`` (``$CODEX_HOME/config.toml``) provider ``[model_providers.openclaw-rl]``
   with ``base_url``, ``env_key = "OPENCLAW_API_KEY"`` (Codex reads the key from that variable, so the file holds no
   secret) and ``wire_api = "responses"`` (the proxy serves ``/v1/responses``), plus top-level ``model`` /
-  ``model_provider`` and the model's limits (``model_context_window``, ``model_max_output_tokens`` and an
-  auto-compaction limit at 90% of the window; from the running server as for openclaw), which Codex cannot look up
-  for a model outside its catalogue.
+  ``model_provider`` and the model's window (``model_context_window``, and ``model_auto_compact_token_limit`` at 90%
+  of it; from the running server as for openclaw), which Codex cannot look up for a model outside its catalogue.
 - ``openai`` / ``anthropic``: ``OPENAI_BASE_URL`` + ``OPENAI_API_KEY`` or ``ANTHROPIC_BASE_URL`` +
   ``ANTHROPIC_API_KEY`` (both SDKs read these) and a three-line Python snippet. ``--write`` needs ``--path`` (a
   dotenv file).
@@ -266,7 +265,8 @@ def openclaw_fragment(endpoint: Endpoint, options: ConnectOptions) -> dict[str, 
     }
 
 
-CODEX_LIMIT_KEYS = ("model_context_window", "model_max_output_tokens", "model_auto_compact_token_limit")
+# The two limits Codex's config reads (checked against codex 0.171.0; it has no output cap key).
+CODEX_LIMIT_KEYS = ("model_context_window", "model_auto_compact_token_limit")
 
 
 def codex_fragment(endpoint: Endpoint, options: ConnectOptions) -> dict[str, Any]:
@@ -280,7 +280,6 @@ def codex_fragment(endpoint: Endpoint, options: ConnectOptions) -> dict[str, Any
     # "Model metadata ... not found"), so it would compact far too late for a small local model.
     limits = {
         "model_context_window": options.context_window,
-        "model_max_output_tokens": options.max_tokens,
         "model_auto_compact_token_limit": int(options.context_window * 0.9),
     }
     return {
