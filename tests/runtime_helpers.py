@@ -3,15 +3,19 @@ for what a server does after it answered."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from openclaw_cli.proxy import BackgroundServer, create_app
 from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
+from openclaw_cli.testing.fake_backend import MemorySink
 from openclaw_cli.testing.local_servers import free_port
 
-__all__ = ["became_true", "free_port", "runtime_settings"]
+__all__ = ["became_true", "free_port", "local_proxy_server", "runtime_settings"]
 
 
 def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Settings:
@@ -36,3 +40,20 @@ def became_true(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return condition()
+
+
+@contextmanager
+def local_proxy_server(settings: Settings) -> Iterator[tuple[Any, MemorySink, BackgroundServer]]:
+    """The local backend on ``settings`` behind the proxy on 127.0.0.1, capturing into memory: (backend, sink,
+    server); both stop when the block ends."""
+    from openclaw_cli.backends.local import LocalBackend
+
+    backend = LocalBackend(settings)
+    asyncio.run(backend.start())
+    sink = MemorySink()
+    server = BackgroundServer(create_app(backend, sink, settings)).start()
+    try:
+        yield backend, sink, server
+    finally:
+        server.stop()
+        asyncio.run(backend.close())

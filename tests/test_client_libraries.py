@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from runtime_helpers import local_proxy_server
 
-from openclaw_cli.proxy import BackgroundServer, create_app
+from openclaw_cli.proxy import BackgroundServer
 from openclaw_cli.settings import Settings
 from openclaw_cli.testing.fake_backend import MemorySink
 
@@ -105,16 +106,9 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    from openclaw_cli.backends.local import LocalBackend
-
     settings = Settings(api_key=KEY, local={"device": "cpu"}, proxy={"accept_any_model": True})
-    backend = LocalBackend(settings)
-    asyncio.run(backend.start())
-    sink = MemorySink()
-    server = BackgroundServer(create_app(backend, sink, settings)).start()
-    yield Served(server, sink)
-    server.stop()
-    asyncio.run(backend.close())
+    with local_proxy_server(settings) as (_, sink, server):
+        yield Served(server, sink)
 
 
 def valid_weather(value: Any) -> Weather:

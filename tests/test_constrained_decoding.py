@@ -23,10 +23,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runtime_helpers import local_proxy_server
 
 from openclaw_cli.backends.local.sampler import TransformersSampler
 from openclaw_cli.backends.local.serving import PolicyVersions
-from openclaw_cli.proxy import BackgroundServer, create_app
+from openclaw_cli.proxy import BackgroundServer
 from openclaw_cli.settings import DEFAULT_LORA_TARGETS, Settings
 from openclaw_cli.structured_output import json_form, lark_grammar, tool_call_form, tool_call_frame
 from openclaw_cli.testing.fake_backend import MemorySink
@@ -217,16 +218,9 @@ def test_a_grammar_the_library_rejects_is_reported_not_enforced(served: SimpleNa
 
 @pytest.fixture(scope="module")
 def local_proxy(tiny_model_dir: Path) -> Iterator[tuple[Any, MemorySink, BackgroundServer]]:
-    from openclaw_cli.backends.local import LocalBackend
-
     settings = Settings(model=str(tiny_model_dir), local={"device": "cpu"}, proxy={"accept_any_model": True})
-    backend = LocalBackend(settings)
-    asyncio.run(backend.start())
-    sink = MemorySink()
-    server = BackgroundServer(create_app(backend, sink, settings)).start()
-    yield backend, sink, server
-    server.stop()
-    asyncio.run(backend.close())
+    with local_proxy_server(settings) as served:
+        yield served
 
 
 def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:

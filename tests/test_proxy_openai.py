@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from openclaw_cli.proxy import BackgroundServer, create_app
+from openclaw_cli.proxy import BackgroundServer
 from openclaw_cli.proxy.streaming import AssistantStreamSplitter, ContentPiece, ReasoningPiece, ToolCallPiece
 from openclaw_cli.settings import Settings
 from openclaw_cli.testing.fake_backend import MemorySink, fake_logprob
@@ -418,15 +418,11 @@ def test_real_session_capture_pairs_turns(make_proxy, tmp_path):
 
 @pytest.fixture
 def local_proxy(tiny_model_dir: Path) -> Iterator[tuple[Any, MemorySink, BackgroundServer]]:
-    local = pytest.importorskip("openclaw_cli.backends.local")
-    settings = Settings(model=str(tiny_model_dir), local={"device": "cpu"})
-    backend = local.LocalBackend(settings)
-    asyncio.run(backend.start())
-    sink = MemorySink()
-    server = BackgroundServer(create_app(backend, sink, settings)).start()
-    yield backend, sink, server
-    server.stop()
-    asyncio.run(backend.close())
+    from runtime_helpers import local_proxy_server
+
+    pytest.importorskip("openclaw_cli.backends.local")
+    with local_proxy_server(Settings(model=str(tiny_model_dir), local={"device": "cpu"})) as served:
+        yield served
 
 
 def test_real_tiny_model_stream_and_plain(local_proxy, tiny_tokenizer):
