@@ -20,8 +20,9 @@ Three demands, the same way for every API:
 :class:`~openclaw_cli.types.OutputConstraint` (``Backend.accepts_constraint``: the local samplers, and Fireworks for a
 plain JSON answer), every token is drawn from the tokens that keep the reply valid: a required tool call is exactly
 one call in the model's own frame; a JSON answer is the JSON value, or one tool call where tools are offered and not
-ruled out. The first sample meets the demand (a reply cut by ``max_tokens`` is returned cut, finish reason
-``length``, as OpenAI does), so the reply streams as it is made.
+ruled out. The first sample meets the demand, so the reply streams as it is made. A reply the token budget would
+cut closes in time on the transformers sampler (:mod:`openclaw_cli.backends.local.budget_close`); elsewhere it is
+returned cut, finish reason ``length``, as OpenAI does.
 
 **Resampling** otherwise (Tinker, a schema the grammar library rejects): a sample that misses a demand is discarded
 and a fresh one drawn (a real sample each time, with a different seed when the request set one), up to
