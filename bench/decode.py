@@ -282,8 +282,9 @@ def main():
               gpu_memory_utilization=0.3, enforce_eager=True)
     tok = llm.get_tokenizer()
     def prompt(q):
-        return TokensPrompt(prompt_token_ids=tok.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True))
+        # Rendered as text, then encoded: apply_chat_template(tokenize=True) returns a mapping in newer transformers.
+        text = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        return TokensPrompt(prompt_token_ids=tok.encode(text, add_special_tokens=False))
     def run(questions, n):
         params = SamplingParams(max_tokens=n, temperature=0)
         started = time.perf_counter()
