@@ -69,6 +69,17 @@ class GrammarMasks:
         return self._ll_tokenizer
 
 
+_BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
+
+
+def unpacked(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """llguidance's packed mask (int32 words, token ``i`` at bit ``i % 32`` of word ``i // 32``) as one bool per token.
+    Written here rather than with ``llguidance.torch.apply_token_bitmask_inplace``: that one is ``torch.compile``d,
+    which on CPU compiles with a C toolchain on first use (the first constrained request took 8-13 s) and mixes a CPU
+    mask with the logits' device."""
+    return ((bitmask.unsqueeze(-1) >> _BIT_POSITIONS) & 1).flatten()[:vocab_size].bool()
+
+
 def grammar_for(chat_tokenizer: Any, constraint: OutputConstraint) -> str:
     """The constraint's Lark grammar for this tokenizer (the vLLM sampler hands vLLM the same text)."""
     return lark_grammar(constraint, _single_tokens(chat_tokenizer))
@@ -121,33 +132,29 @@ class ConstrainedRow:
         self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)
         self._scratch = llg_torch.allocate_token_bitmask(1, vocab_size)
         self._fill = llg_torch.fill_next_token_bitmask
-        self._apply = llg_torch.apply_token_bitmask_inplace
         self._vocab = closing
         self._scan = JsonScan()
         self._steps = 0
         self._distance = 0  # tokens the last closing path needed
         self._margin: int | None = None  # CLOSE_MARGIN or the reply's shortest completion, measured at its start
         self._closing: list[int] | None = None  # the completion being written, once the budget calls for it
+        self.forced = False  # whether the last mask allowed exactly one token
 
     def masked(self, logits: torch.Tensor, remaining: int) -> torch.Tensor:
         """A copy of 1-D ``logits`` with every token the grammar forbids at -inf (a stop token allowed exactly when
         the reply so far is complete). ``remaining``: tokens the budget has left, this one included; when they are
         just enough for the shortest completion, only its next token is allowed."""
-        masked = logits.float().clone()
-        stops = self._stop_ids.to(masked.device)
         self._plan_closing(remaining)
         if self._closing is not None:
-            keep = self._closing[:1] if self._closing else stops.tolist()
-            allowed = torch.full_like(masked, float("-inf"))
-            allowed[keep] = masked[keep]
-            return allowed
-        self._fill(self._matcher, self._bitmask, 0)
-        self._apply(masked, self._bitmask)
-        if self._matcher.is_accepting():
-            masked[stops] = logits[stops].float()
+            allowed = torch.zeros(logits.shape[-1], dtype=torch.bool)
+            allowed[self._closing[:1] if self._closing else self._stop_ids] = True
         else:
-            masked[stops] = float("-inf")
-        return masked
+            self._fill(self._matcher, self._bitmask, 0)
+            allowed = unpacked(self._bitmask[0], logits.shape[-1])
+            allowed[self._stop_ids] = self._matcher.is_accepting()
+        self.forced = int(allowed.sum()) == 1
+        # The mask is built on the CPU (llguidance writes it there) and moved once, to wherever the logits are.
+        return logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def _plan_closing(self, remaining: int) -> None:
         self._steps += 1

@@ -614,7 +614,7 @@ class TransformersSampler:
         choice = choose_token(logits, params, request.generator, allowed)
         if request.grammar is not None:
             request.grammar.advance(choice.token)
-            if int(torch.isfinite(allowed).sum()) == 1:  # type: ignore[arg-type]
+            if request.grammar.forced:
                 request.forced_tokens.append(len(request.tokens))
         if not request.tokens:
             request.first_token_at = time.time()
