@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from openclaw_cli.backend import ChatTokenizer
@@ -109,12 +110,15 @@ def _lark_text(text: str, single_tokens: Mapping[str, int]) -> list[str]:
     return items
 
 
+@dataclass(frozen=True)
 class ToolCallFrame:
     """How the model's chat template writes one tool call: the text before the call's JSON, after it, the key of its
     arguments, and whether the call object sits in a JSON list."""
 
-    def __init__(self, prefix: str, suffix: str, arguments_key: str, in_list: bool) -> None:
-        self.prefix, self.suffix, self.arguments_key, self.in_list = prefix, suffix, arguments_key, in_list
+    prefix: str
+    suffix: str
+    arguments_key: str
+    in_list: bool
 
     def write(self, name: str, arguments: dict[str, Any]) -> str:
         call: Any = {"name": name, self.arguments_key: arguments}
