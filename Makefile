@@ -3,9 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch first and pinned: a version range makes pip pick a multi-GB CUDA build on CPU-only machines.
 TORCH_SPEC ?= torch==2.13.0
-# Tests drive the tinker and fireworks-ai SDKs against local test doubles, and the client libraries (clients) against
-# the proxy, so all are installed for `make test`.
-EXTRAS ?= local,dev,tinker,fireworks,clients
+# Tests drive the tinker and fireworks-ai SDKs against local test doubles, the client libraries (clients) against
+# the proxy, and the four experiment trackers offline (trackers), so all are installed for `make test`.
+EXTRAS ?= local,dev,tinker,fireworks,clients,trackers
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True

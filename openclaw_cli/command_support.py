@@ -293,3 +293,21 @@ def connect_host(host: str) -> str:
     if host in ("::", "[::]"):
         return "[::1]"
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def with_report_to(settings: Settings, value: str | None) -> Settings:
+    """``--report-to tensorboard,mlflow`` (or ``none``) over train.report_to, validated like the setting."""
+    if value is None:
+        return settings
+    from pydantic import ValidationError
+
+    try:
+        train = type(settings.train).model_validate({**settings.train.model_dump(), "report_to": value})
+    except ValidationError as exc:
+        from openclaw_cli.settings import TRACKERS
+
+        raise CliFailure(
+            f"--report-to {value!r}: {exc.errors()[0]['msg']} (trackers: {', '.join(TRACKERS)}, all, none)",
+            EXIT_REFUSED,
+        ) from None
+    return settings.model_copy(update={"train": train})

@@ -39,6 +39,7 @@ from openclaw_cli.learn.trainer_loop import TrainerLoop
 from openclaw_cli.proxy.app import create_app
 from openclaw_cli.proxy.server import check_bind
 from openclaw_cli.settings import Settings
+from openclaw_cli.tracking.hub import start_store_hub
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from openclaw_cli.learn.lessons import LessonKeeper
     from openclaw_cli.learn.promotion import PromotionGate
     from openclaw_cli.store import Store
+    from openclaw_cli.tracking.hub import TrackerHub
 
 log = logging.getLogger("openclaw.launch")
 
@@ -55,6 +57,7 @@ JUDGE_GRACE_S = 10.0  # how long shutdown waits for the judge's current batch be
 CAPTURE_DRAIN_S = 30.0  # how long shutdown waits for replies whose capture the store has not written yet
 REFRESH_S = 1.0  # dashboard refresh
 LOG_EVERY_S = 10.0  # --no-ui status line
+TRACKERS_STOP_S = 15.0  # how long shutdown waits for the trackers to take the last rows and close
 
 
 class _Server(uvicorn.Server):
@@ -82,6 +85,7 @@ class Runtime:
     errors: list[str] = field(default_factory=list)
     gate: PromotionGate | None = None
     lessons: LessonKeeper | None = None
+    trackers: TrackerHub | None = None
 
     def __post_init__(self) -> None:
         self.app = cast("Starlette", self.server.config.app)
@@ -128,6 +132,7 @@ class Runtime:
             },
             "promotion": self.gate.status() if self.gate is not None else {"enabled": False},
             "lessons": self.lessons.status() if self.lessons is not None else {"enabled": False},
+            "trackers": self.trackers.status() if self.trackers is not None else {},
         }
 
     @property
@@ -225,6 +230,7 @@ async def launch(
         gate = make_publisher(store, backend, client, settings)
         if gate is not None:
             trainer.publisher = gate.publish
+            trainer.publish_decision = gate.last_publish
         await trainer.resume()
         from openclaw_cli.learn.lessons import lesson_keeper
 
@@ -294,6 +300,8 @@ async def _run(
             retention_loop(runtime.store, runtime.settings, halt, run_first=False), name="openclaw-retention"
         ),
     }
+    # train.report_to: a daemon thread sends the store's step rows to the trackers; it never blocks these loops.
+    runtime.trackers = start_store_hub(runtime.store, runtime.settings)
     try:
         while not server.started:
             if tasks["serve"].done():
@@ -319,11 +327,15 @@ async def _run(
             log.error("%d replies were served but their capture did not finish before shutdown", recorder.backlog)
         halt.set()
         await _finish(tasks["train"], force, None)
+        if runtime.trackers is not None:  # the last step is in the store now; send it and close the runs
+            await asyncio.to_thread(runtime.trackers.stop, TRACKERS_STOP_S)
         await _finish(tasks["judge"], force, JUDGE_GRACE_S)
         await _finish(tasks["expire"], force, 0)
         await _finish(tasks["retention"], force, 5)
         await _finish(reporter, force, 5)
     finally:
+        if runtime.trackers is not None:
+            runtime.trackers.stop(0)  # after an error: nothing waits for a tracker
         for task in tasks.values():
             if not task.done():
                 task.cancel()

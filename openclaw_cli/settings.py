@@ -30,6 +30,8 @@ from pydantic_settings import SettingsError as SourceParseError
 DEFAULT_CONFIG_FILE = "openclaw.toml"
 ENV_PREFIX = "OPENCLAW_"
 ENV_NESTED_DELIMITER = "__"
+TrackerName = Literal["tensorboard", "wandb", "mlflow", "trackio"]
+TRACKERS: tuple[str, ...] = get_args(TrackerName)
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SECRET_SET = "**** (set)"  # what a set secret shows as, anywhere settings are shown
 
@@ -200,6 +202,44 @@ class TrainSettings(_Section):
         0.05, ge=0.0, le=0.5, description="Promotion gate: promote when the new version's win rate >= 0.5 - margin."
     )
     gate_max_tokens: int = Field(256, ge=1, description="Promotion gate: reply budget per evaluated prompt.")
+    report_to: list[TrackerName] = Field(
+        default_factory=list,
+        description="Experiment trackers that get every training step's metrics, the settings and `openclaw eval` "
+        "results (docs/tracking.md): tensorboard, wandb, mlflow, trackio; each needs its extra "
+        "(pip install 'openclaw-cli[tensorboard]'). 'none' or empty: no tracker.",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_list(cls, value: Any) -> Any:
+        # --report-to tensorboard,mlflow and OPENCLAW_TRAIN__REPORT_TO=wandb arrive as one string.
+        if isinstance(value, str):
+            value = [part for part in (p.strip() for p in value.split(",")) if part]
+        if isinstance(value, list):
+            named = [v.strip().lower() if isinstance(v, str) else v for v in value]
+            if "all" in named:
+                return list(TRACKERS)
+            return list(dict.fromkeys(v for v in named if v != "none"))
+        return value
+
+
+class TrackingSettings(_Section):
+    """Where train.report_to sends the metrics (docs/tracking.md)."""
+
+    project: str = Field("openclaw", min_length=1, description="Project (W&B, trackio) or experiment (MLflow) name.")
+    run_name: str | None = Field(
+        None, description="Name of the run; unset = openclaw-<date>-<time> of the first launch on this store."
+    )
+    dir: Path | None = Field(
+        None,
+        description="Where local trackers write (TensorBoard event files, W&B offline runs, the MLflow SQLite store, "
+        "trackio's database); unset = the directory of store.path (.openclaw/).",
+    )
+    mlflow_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; unset = MLFLOW_TRACKING_URI if set, else sqlite:///<dir>/mlflow.db.",
+    )
+    interval_s: float = Field(5.0, gt=0, le=3600, description="How often new steps are sent to the trackers.")
 
 
 class LessonSettings(_Section):
@@ -468,6 +508,7 @@ class Settings(BaseSettings):
     train: TrainSettings = Field(default_factory=TrainSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     lessons: LessonSettings = Field(default_factory=LessonSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     tinker: TinkerSettings = Field(default_factory=TinkerSettings)
     fireworks: FireworksSettings = Field(default_factory=FireworksSettings)

@@ -161,6 +161,7 @@ def eval_command(
                 concurrency=settings.judge.max_concurrency,
             )
             report = asyncio.run(run_eval(settings, items, a, b, options))
+            _record(settings, report)
         plotted = None
         if plot is not None:
             store = open_existing_store(settings)
@@ -171,6 +172,24 @@ def eval_command(
     except (EvalError, BackendError) as exc:
         raise CliFailure(str(exc)) from None
     _show(report, plot, plotted, as_json=as_json)
+
+
+def _record(settings: Settings, report: EvalReport) -> None:
+    """Keep the result in the store (without the replies), where `openclaw launch` sends it to train.report_to's
+    trackers at the step it was measured after. A store that cannot take it costs a warning, not the result."""
+    from openclaw_cli.store import Store, StoreError
+
+    if not Path(settings.store.path).expanduser().exists():
+        return
+    summary = {key: value for key, value in report.to_json().items() if key != "items"}
+    try:
+        store = Store(settings.store.path, create=False)
+        try:
+            store.record_evaluation(summary)
+        finally:
+            store.close()
+    except (StoreError, OSError) as exc:
+        typer.echo(f"warning: the result was not kept in the store ({exc})", err=True)
 
 
 def _show(report: EvalReport | None, plot: Path | None, plotted: str | None, *, as_json: bool) -> None:

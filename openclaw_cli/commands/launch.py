@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from openclaw_cli.command_support import LoadedSettings, begin_service, optional_attr, service_failures, with_settings
+from openclaw_cli.command_support import (
+    LoadedSettings,
+    begin_service,
+    optional_attr,
+    service_failures,
+    with_report_to,
+    with_settings,
+)
 from openclaw_cli.commands.serve import PROXY_REFUSALS
 
 RUNTIME_MODULE = "openclaw_cli.launch"  # exports run_launch(settings, ui=...)
@@ -27,9 +34,17 @@ def launch(
     ui: Annotated[
         bool, typer.Option("--ui/--no-ui", help="Live dashboard (default), or plain log lines with --no-ui.")
     ] = True,
+    report_to: Annotated[
+        str | None,
+        typer.Option(
+            "--report-to",
+            metavar="TRACKERS",
+            help="Send training metrics to tensorboard, wandb, mlflow and/or trackio (comma-separated; all; none).",
+        ),
+    ] = None,
 ) -> None:
     """Serve + collect + judge + train in one process (the learning loop). Ctrl-C stops after the current step."""
-    settings = loaded.settings
+    settings = with_report_to(loaded.settings, report_to)
     doing = f": serving, judging and training ({settings.method}, batch {settings.train.batch_size})"
     begin_service(settings, "launching", doing)
     run_launch = optional_attr(RUNTIME_MODULE, "run_launch", "the learning loop (openclaw launch)")

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from openclaw_cli.command_support import EXIT_REFUSED, CliFailure, ConfigOption, SetOption, command_overrides
+from openclaw_cli.command_support import (
+    EXIT_REFUSED,
+    CliFailure,
+    ConfigOption,
+    SetOption,
+    command_overrides,
+    with_report_to,
+)
 
 if TYPE_CHECKING:
     from openclaw_cli.env_training.checkpoints import RunManifest
@@ -69,6 +76,14 @@ def train_command(
     metrics: Annotated[
         Path | None, typer.Option("--metrics", help="Also write one JSON line of metrics per step here.")
     ] = None,
+    report_to: Annotated[
+        str | None,
+        typer.Option(
+            "--report-to",
+            metavar="TRACKERS",
+            help="Send each step's metrics to tensorboard, wandb, mlflow and/or trackio (comma-separated; all; none).",
+        ),
+    ] = None,
     config: ConfigOption = None,
     set_: SetOption = None,
 ) -> None:
@@ -89,6 +104,7 @@ def train_command(
     }
     named = {"backend": backend, "model": model}
     settings, manifest, run_name = _resolve_run(flags, named, env_arg or [], set_ or [], config, resume, save)
+    settings = with_report_to(settings, report_to)
     spec = settings.train_env
     if not spec.env:
         raise CliFailure("no environment: pass --env MODULE:FN (or set train_env.env)", EXIT_REFUSED)
@@ -235,7 +251,14 @@ def _run_with_progress(
     def on_rollout() -> None:
         progress.advance(task)
 
+    from openclaw_cli.tracking.hub import env_row, start_pushed_hub
+
+    tracking = start_pushed_hub(settings, run_name)
+
     def on_step(stats: StepStats) -> None:
+        if tracking is not None:
+            tracking[1].push(env_row(stats.step, {**stats.to_json(), "source": "env"}))
+            tracking[0].wake()
         progress.console.print(stats.line(), soft_wrap=True, highlight=False)
         progress.update(task, description=f"step {min(stats.step + 1, spec.steps)}/{spec.steps}")
         if metrics_file is not None:
@@ -262,3 +285,5 @@ def _run_with_progress(
     finally:
         if metrics_file is not None:
             metrics_file.close()
+        if tracking is not None:
+            tracking[0].stop(30.0)

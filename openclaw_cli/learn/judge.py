@@ -343,7 +343,7 @@ class Verdict:
     probs: dict[str, float] | None = None  # logprob mode: the verdict words' probabilities
     hint_source: str | None = None  # "judge" | "next_state" when a hint was kept
 
-    def to_json(self, *, judge_name: str, next_state_role: str | None) -> str:
+    def to_json(self, *, judge_name: str, next_state_role: str | None, seconds: float | None = None) -> str:
         body: dict[str, Any] = {
             "score": self.score,
             "mode": self.mode,
@@ -366,6 +366,8 @@ class Verdict:
             body["log_odds"] = round(self.log_odds, 4)
         if self.probs is not None:
             body["probs"] = {k: round(v, 4) for k, v in self.probs.items()}
+        if seconds is not None:
+            body["seconds"] = round(seconds, 3)  # the verdict's wall time, judge calls and retries included
         return json.dumps(body, ensure_ascii=False)
 
 
@@ -626,6 +628,7 @@ class JudgeLoop:
         """Judge one turn and record the outcome: "judged", "duplicate" (already done), "unavailable" (given back
         to wait for the judge), "rejected" (given back, counted) or "gave_up" (completed as judged-failed after too many
         counted failures)."""
+        started = time.monotonic()
         try:
             verdict = await self.judge_turn(turn)
         except JudgeUnavailable as exc:
@@ -676,7 +679,9 @@ class JudgeLoop:
             return await self._give_up(turn, error, failures)
         self._judged_total += 1
         self._unavailable_since.pop(turn.id, None)
-        result = verdict.to_json(judge_name=self.judge_name, next_state_role=turn.next_state_role)
+        result = verdict.to_json(
+            judge_name=self.judge_name, next_state_role=turn.next_state_role, seconds=time.monotonic() - started
+        )
         first = await asyncio.to_thread(self.store.complete, self.consumer, turn.id, result, reward=verdict.score)
         if first:
             self.stats.judged += 1

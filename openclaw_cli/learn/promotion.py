@@ -119,11 +119,13 @@ class PromotionGate:
         self.promoted = 0
         self.held = 0
         self.evaluating: int | None = None  # candidate version under evaluation right now
+        self._last_publish: dict[str, Any] | None = None
 
     async def publish(self, name: str) -> PolicyVersion:
         """The trainer's publish hook: returns the version serving afterwards (the candidate only if promoted)."""
         backend: Any = self.backend
         served = backend.current_version()
+        self._last_publish = None
         candidate = await backend.stage(name)
         if candidate.version == served.version:
             # Nothing new was trained (e.g. Fireworks batch mode between SFT jobs): no judge calls on a self-match.
@@ -138,6 +140,7 @@ class PromotionGate:
         finally:
             self.evaluating = None
         self.decisions.append(decision)
+        self._last_publish = self._summary(decision)
         if decision.promoted:
             self.promoted += 1
             log.info("promoted version %d over %d: %s", decision.candidate, decision.served, decision.reason)
@@ -212,6 +215,23 @@ class PromotionGate:
         decision.at = time.time()
         decision.duration_s = round(decision.at - started, 3)
         return decision
+
+    def last_publish(self) -> dict[str, Any] | None:
+        """What the latest publish decided, for the trainer's step row (None when it evaluated nothing)."""
+        return self._last_publish
+
+    def _summary(self, decision: GateDecision) -> dict[str, Any]:
+        # The guard, when on, checks every candidate before the evaluation: its last result is this candidate's.
+        checked = self.guard.last if self.guard is not None else None
+        return {
+            "promoted": decision.promoted,
+            "win_rate": decision.win_rate,
+            "pairs_judged": decision.pairs_judged,
+            "guard_ok": checked.ok if checked is not None else None,
+            "kl_base": checked.kl if checked is not None else None,
+            "distinct_min": min(checked.distinct) if checked is not None and checked.distinct else None,
+            "reason": decision.reason,
+        }
 
     def status(self) -> dict[str, Any]:
         return {

@@ -69,6 +69,7 @@ from openclaw_cli.learn.algorithms import (
 )
 from openclaw_cli.learn.hindsight_demos import DemoReplay, hindsight_demo
 from openclaw_cli.learn.loop_probe import probe_loops
+from openclaw_cli.learn.step_metrics import advantage_stats, spread, store_counts, verdict_counts
 from openclaw_cli.lesson_prompt import lesson_block, served_lessons, with_lessons
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -171,6 +172,8 @@ class TrainerLoop:
         self._can_discard = callable(getattr(backend, "discard_gradients", None))
         # How a trained step reaches serving: the backend's publish, or a promotion gate's (see openclaw launch).
         self.publisher: Callable[[str], Awaitable[PolicyVersion]] = backend.publish
+        # What that publish decided (the promotion gate's summary), recorded in the step's row; None for a plain one.
+        self.publish_decision: Callable[[], dict[str, Any] | None] = lambda: None
 
     @property
     def state_dir(self) -> Path:
@@ -443,6 +446,14 @@ class TrainerLoop:
         }
         if publish_error is not None:
             metrics["publish_error"] = publish_error
+        metrics["reward_std"] = spread(rewards)
+        metrics["advantage"] = advantage_stats(datums)
+        metrics["judge"] = verdict_counts(self._verdicts.get(turn.id, {}) for turn in batch)
+        metrics["publish"] = self.publish_decision() if publish_error is None else None
+        try:
+            metrics.update(await asyncio.to_thread(store_counts, self.store))
+        except Exception as exc:  # counts are for display; a failed read must not lose the step
+            log.warning("could not count capture and lessons for step %d: %s", step, exc)
         trained = set(trained_ids)
         results = {turn.id: {"trained": turn.id in trained, "step": step, "version": version} for turn in batch}
         report = StepReport(step, version, metrics, list(trained_ids), [t.id for t in batch])

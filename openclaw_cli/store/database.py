@@ -21,9 +21,10 @@ from openclaw_cli.store.records import (
     session_from_row,
     turn_from_row,
 )
+from openclaw_cli.store.tracking import TrackingLedger
 
 
-class Store(LessonLedger, StepLedger):
+class Store(LessonLedger, TrackingLedger, StepLedger):
     """The SQLite store. ``create=False`` refuses to create a missing file (readers such as export)."""
 
     # reads ----------------------------------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ class StepLedger(HandoffQueue):
                 (step, version, time.time() if now is None else now, dumps_json(metrics)),
             )
 
-    def steps(self) -> list[tuple[int, int | None, float, dict[str, Any]]]:
-        rows = self._read("SELECT step, version, created_at, metrics FROM steps ORDER BY step")
+    def steps(self, *, after: int | None = None) -> list[tuple[int, int | None, float, dict[str, Any]]]:
+        """(step, version, created_at, metrics) rows in step order; only those past ``after`` when given."""
+        rows = self._read(
+            "SELECT step, version, created_at, metrics FROM steps WHERE step > ? ORDER BY step",
+            (-1 if after is None else after,),
+        )
         return [(s, v, t, json.loads(m)) for s, v, t, m in rows]

@@ -180,6 +180,21 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS feedback_turn ON feedback(turn_id)",
     ),
+    # 4 -> 5: experiment trackers (openclaw_cli.tracking). `openclaw eval` results, so the process that owns the
+    # tracker run reports them (a second process resuming the same W&B or MLflow run would race it), and what each
+    # tracker was sent: the run's identity and per-tracker cursors, so a restart resumes the run and sends each row
+    # once.
+    (
+        """CREATE TABLE IF NOT EXISTS evaluations (
+            id INTEGER PRIMARY KEY,
+            created_at REAL NOT NULL,
+            report TEXT NOT NULL              -- JSON: EvalReport.to_json() without the replies
+        )""",
+        """CREATE TABLE IF NOT EXISTS tracker_state (
+            key TEXT PRIMARY KEY,             -- run | sent:<tracker>
+            value TEXT NOT NULL               -- JSON
+        )""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
