@@ -48,6 +48,13 @@ class JudgeSettings(_Section):
     )
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the judge.")
     api_key: SecretStr | None = Field(None, description="Key for the judge endpoint.")
+    client: Literal["auto", "openai", "litellm"] = Field(
+        "auto",
+        description="How the judge is called: auto = the openai SDK when base_url is set, LiteLLM for a model "
+        "alone; litellm = always LiteLLM, base_url becoming its api_base (e.g. model 'anthropic/<name>' on an "
+        "Anthropic-compatible server, 'openai/<name>' on an OpenAI-compatible one); openai = the openai SDK "
+        "(needs base_url).",
+    )
     mode: Literal["auto", "channel", "logprob", "vote"] = Field(
         "auto",
         description="How a verdict is read (see openclaw_cli/learn/judge_verdict.py): channel = likelihood of the next "

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from judge_replies import completion_response
+from judge_replies import completion_response, seed_session
 
 from openclaw_cli.learn import judge as judge_module
 from openclaw_cli.learn.judge import (
@@ -37,8 +37,7 @@ from openclaw_cli.learn.judge_prompts import (
     prompt_hashes,
 )
 from openclaw_cli.settings import Settings
-from openclaw_cli.store import NewTurn, Store
-from openclaw_cli.testing.store_turns import new_turn
+from openclaw_cli.store import Store
 from openclaw_cli.types import SampleResult, SamplingParams
 
 
@@ -140,29 +139,12 @@ def test_clip_middle_keeps_head_and_tail() -> None:
 
 
 # --- store helpers -------------------------------------------------------------------------------------------------
-def _turn(index: int, user_text: str, reply_text: str) -> NewTurn:
-    return new_turn(index=index, status="pending", user_text=user_text, reply_text=reply_text)
-
-
 THANKS = "thanks, that works"
 CORRECTION = "no, I meant the other file"
 HINT = "Edit the file the user named instead of the first match you find."
 
 
-def _seed(store: Store, next_states: list[str | None]) -> list[int]:
-    """One session, one main turn per entry: a str becomes that user next state, None ends the session there."""
-    ids = []
-    with store.transaction() as tx:
-        tx.create_session("s", scope="", id_source="inferred", now=100.0)
-        for i, state in enumerate(next_states):
-            turn_id = tx.insert_turn(_turn(i, f"question {i}", f"answer {i}"))
-            tx.touch_session("s", 100.0, main_turn_id=turn_id)
-            ids.append(turn_id)
-            if state is not None:
-                tx.set_next_state(turn_id, [{"role": "user", "content": state}], "user", 101.0)
-            else:
-                tx.close_session("s", "ended", 102.0)
-    return ids
+_seed = seed_session
 
 
 class ScriptedJudge:

@@ -42,6 +42,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -208,32 +209,83 @@ def _logaddexp(a: float, b: float) -> float:
     return high + math.log(math.exp(a - high) + math.exp(b - high))
 
 
-class LiteLLMJudgeClient:
-    """A LiteLLM model string (``anthropic/claude-...``, ``gemini/...``); litellm is imported on first use."""
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 
-    def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None) -> None:
+
+class LiteLLMJudgeClient:
+    """A LiteLLM model string (``anthropic/claude-...``, ``gemini/...``, ``openai/<model>`` on any OpenAI-compatible
+    server with ``base_url``); litellm is imported on first use. LiteLLM's own retries are off (the judge loop
+    retries with backoff) and its debug banners are silenced: a failing provider is one line in the log."""
+
+    prefers_votes = True  # judge.mode = auto: vote (logprob on request, for providers that return top_logprobs)
+
+    def __init__(
+        self, model: str, *, api_key: str | None = None, base_url: str | None = None, timeout_s: float = 120.0
+    ) -> None:
         if importlib.util.find_spec("litellm") is None:
             raise JudgeConfigError(
-                f"judge.model={model!r} without judge.base_url is read as a LiteLLM model string, but litellm is "
-                "not installed: `pip install litellm`, or set judge.base_url to an OpenAI-compatible endpoint, or "
-                "unset judge.model to judge with the policy itself"
+                f"judge.model={model!r} is read as a LiteLLM model string, but litellm is not installed: "
+                "`pip install litellm`, or set judge.base_url to an OpenAI-compatible endpoint, or unset judge.model "
+                "to judge with the policy itself"
             )
         self.model = model
-        self.name = f"litellm:{model}"
+        self.name = f"litellm:{model}" + (f"@{base_url}" if base_url else "")
         self._api_key = api_key
         self._base_url = base_url
+        self._timeout_s = timeout_s
+
+    def _litellm(self) -> Any:
+        litellm: Any = importlib.import_module("litellm")
+        litellm.suppress_debug_info = True  # else every failure prints "Give Feedback / Get Help" to stdout
+        if not os.environ.get("LITELLM_LOG"):
+            # Its loggers print every call at INFO to stdout through their own handler (under `launch --no-ui`,
+            # which logs at INFO): the judge's own lines say what matters. LITELLM_LOG=DEBUG brings them back.
+            for name in LITELLM_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
+        return litellm
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_retries": 0, "timeout": self._timeout_s}
+        if self._api_key:
+            options["api_key"] = self._api_key
+        if self._base_url:
+            options["api_base"] = self._base_url
+        return options
 
     async def complete(self, messages: list[dict], *, temperature: float, max_tokens: int) -> str:
-        litellm = importlib.import_module("litellm")
-        extra: dict[str, Any] = {}
-        if self._api_key:
-            extra["api_key"] = self._api_key
-        if self._base_url:
-            extra["api_base"] = self._base_url
-        response = await litellm.acompletion(
-            model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens, **extra
+        response = await self._litellm().acompletion(
+            model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens, **self._options()
         )
+        if not response.choices:
+            raise RuntimeError(f"{self.name} returned no choices")
         return response.choices[0].message.content or ""
+
+    async def verdict_logprobs(self, messages: list[dict], words: list[str]) -> dict[str, float]:
+        """As :meth:`OpenAIJudgeClient.verdict_logprobs`, for providers that return ``top_logprobs`` (OpenAI and
+        OpenAI-compatible servers; not Anthropic or Gemini, where judge.mode must be vote)."""
+        litellm = self._litellm()
+        try:
+            response = await litellm.acompletion(
+                model=self.model,
+                messages=messages,
+                temperature=0.0,
+                max_tokens=1,
+                logprobs=True,
+                top_logprobs=TOP_LOGPROBS,
+                **self._options(),
+            )
+        except litellm.UnsupportedParamsError as exc:
+            raise JudgeNoLogprobs(
+                f"{self.name} does not take logprobs ({exc}); it cannot judge in mode 'logprob' (set judge.mode = "
+                "'vote')"
+            ) from None
+        logprobs = response.choices[0].logprobs if response.choices else None
+        content = getattr(logprobs, "content", None) if logprobs is not None else None
+        if not content:
+            raise JudgeNoLogprobs(
+                f"{self.name} returned no logprobs; it cannot judge in mode 'logprob' (set judge.mode = 'vote')"
+            )
+        return words_from_top_logprobs([(alt.token, alt.logprob) for alt in content[0].top_logprobs], words)
 
 
 class PolicyJudgeClient:
@@ -310,10 +362,17 @@ def first_token_variants(tokenizer: Any, word: str) -> list[int]:
 
 
 def make_judge_client(settings: Settings, backend: Backend | None = None) -> JudgeClient:
-    """The judge named by ``settings.judge``: base_url + model -> OpenAI-compatible; model alone -> LiteLLM;
-    neither -> the policy backend pinned to the base version."""
+    """The judge named by ``settings.judge``: base_url + model -> OpenAI-compatible; model alone, or
+    ``judge.client = "litellm"`` -> LiteLLM (base_url as its api_base); neither -> the policy backend pinned to the
+    base version."""
     judge = settings.judge
     api_key = judge.api_key.get_secret_value() if judge.api_key is not None else None
+    if judge.client == "litellm":
+        if not judge.model:
+            raise JudgeConfigError("judge.client = 'litellm' needs judge.model: a LiteLLM model string")
+        return LiteLLMJudgeClient(judge.model, api_key=api_key, base_url=judge.base_url)
+    if judge.client == "openai" and not judge.base_url:
+        raise JudgeConfigError("judge.client = 'openai' needs judge.base_url (an OpenAI-compatible endpoint)")
     if judge.base_url:
         if not judge.model:
             raise JudgeConfigError(
@@ -380,6 +439,9 @@ def resolve_mode(setting: str, client: object) -> str:
         "vote": callable(getattr(client, "complete", None)),
     }
     if setting == "auto":
+        # A LiteLLM model is most often a strong cloud model (several without logprobs): it reasons, then votes.
+        if getattr(client, "prefers_votes", False):
+            supports["logprob"] = False
         return next(mode for mode in ("channel", "logprob", "vote") if supports[mode])
     if not supports.get(setting, False):
         name = getattr(client, "name", type(client).__name__)
@@ -438,6 +500,7 @@ class JudgeLoop:
         self.retry_turn_after_s = retry_turn_after_s
         self.down_wait_s = down_wait_s  # first pause while the judge is down; doubles per round that finds it down
         self._down_rounds = 0
+        self._said_down = False  # the judge's unavailability is logged once, until it answers again
         # Outage-like failures per turn: the judged count when the turn last failed that way. A later failure counts
         # against the turn only if the judge judged other turns in between (it is up, and this prompt breaks it).
         self._judged_total = 0
@@ -651,7 +714,16 @@ class JudgeLoop:
             if counted and failures >= self.max_turn_attempts:
                 self._unavailable_since.pop(turn.id, None)
                 return await self._give_up(turn, f"{exc} (while the judge answered other turns)", failures)
-            log.warning("turn %s left unjudged (judge unavailable), retried in %.0fs: %s", turn.id, wait, exc)
+            if not self._said_down:
+                self._said_down = True
+                log.warning(
+                    "the judge %s is unavailable, so turns wait unjudged (nothing is scored or trained from them; "
+                    "serving goes on) and are retried with growing pauses: %s",
+                    self.judge_name,
+                    exc,
+                )
+            else:
+                log.debug("turn %s left unjudged (judge unavailable), retried in %.0fs: %s", turn.id, wait, exc)
             return "unavailable"
         except Exception as exc:  # rejected by the judge, or a prompt that cannot be built: about this turn
             self.stats.failed += 1
@@ -679,6 +751,9 @@ class JudgeLoop:
             return await self._give_up(turn, error, failures)
         self._judged_total += 1
         self._unavailable_since.pop(turn.id, None)
+        if self._said_down:
+            self._said_down = False
+            log.info("the judge %s answers again", self.judge_name)
         result = verdict.to_json(
             judge_name=self.judge_name, next_state_role=turn.next_state_role, seconds=time.monotonic() - started
         )
