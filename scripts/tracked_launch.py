@@ -2,6 +2,7 @@
 its trackers read back with their own readers and compared with the store, row for row.
 
     python scripts/tracked_launch.py [--minutes 10] [--workdir DIR] [--screenshot docs/img/tensorboard-scalars.png]
+    python scripts/tracked_launch.py --check-only --workdir DIR [--screenshot PNG]   # an earlier run, again
 
 The launch runs as its own process in ``--workdir`` (default: a new temporary directory) with every default, so its
 store and local trackers land in ``<workdir>/.openclaw/`` as a user's would. Two scripted users (bench/scripts/
@@ -9,7 +10,8 @@ brevity.json: a reply over 20 words gets the correction, a good one thanks and t
 the OpenAI API for ``--minutes``; then it gets Ctrl-C (SIGINT), and once it has exited the TensorBoard event files
 (EventAccumulator) and the MLflow run (MlflowClient) must hold exactly the store's step rows. ``--screenshot`` also
 serves the event files with TensorBoard on 127.0.0.1 and has headless Chromium (/usr/bin/chromium) take a picture of
-its scalars page. Exit 0 when both trackers match the store and at least one step was trained.
+its scalars page (through Playwright: ``pip install playwright``). Exit 0 when both trackers match the store and
+at least one step was trained.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ async def user(base_url: str, name: int, until: float, counts: dict[str, int]) -
 
 
 def screenshot(logdir: Path, target: Path) -> None:
+    """TensorBoard's scalars page for ``logdir``, served on 127.0.0.1, photographed by headless Chromium driven by
+    Playwright (``pip install playwright``: its driver only; the browser is Debian's /usr/bin/chromium), with the
+    outlier clipping turned off so every point shows."""
+    from playwright.sync_api import sync_playwright
+
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     port = free_port()
     board = subprocess.Popen(
@@ -107,39 +114,23 @@ def screenshot(logdir: Path, target: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    profile = tempfile.mkdtemp(prefix="chromium-")
-    shown = quote(SHOWN_TAGS, safe="")
     try:
         wait_for(f"http://127.0.0.1:{port}/", board, 60)
         target.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--hide-scrollbars",
-                "--window-size=1800,800",
-                "--virtual-time-budget=20000",
-                f"--screenshot={target}",
-                f"http://127.0.0.1:{port}/?darkMode=false#scalars&_smoothingWeight=0&tagFilter={shown}",
-            ],
-            check=True,
-            timeout=120,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        quiet = ["--disable-gpu", "--disable-quic", "--disable-background-networking", "--disable-component-update"]
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", *quiet])
+            page = browser.new_page(viewport={"width": 1800, "height": 800})
+            shown = quote(SHOWN_TAGS, safe="")
+            page.goto(f"http://127.0.0.1:{port}/?darkMode=false#scalars&_smoothingWeight=0&tagFilter={shown}")
+            page.get_by_text("Ignore outliers in chart scaling").first.click(timeout=30_000)
+            page.wait_for_timeout(3000)  # the charts redraw
+            page.screenshot(path=str(target))
+            browser.close()
         print(f"screenshot: {target}")
     finally:
         board.terminate()
         board.wait(10)
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def main() -> int:
@@ -148,7 +139,12 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--users", type=int, default=2)
     parser.add_argument("--screenshot", type=Path, default=None)
+    parser.add_argument("--check-only", action="store_true", help="only check (and screenshot) --workdir's run")
     args = parser.parse_args()
+    if args.check_only:
+        if args.workdir is None:
+            parser.error("--check-only needs --workdir")
+        return check(args.workdir, args.screenshot)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="openclaw-tracked-"))
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -172,7 +172,9 @@ async def test_a_failing_provider_gives_one_log_line_no_verdict_and_no_stdout(
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     message = warnings[0].getMessage()
-    assert warnings[0].name == "openclaw_cli.learn.judge" and "is unavailable" in message and "serving goes on" in message
+    assert (
+        warnings[0].name == "openclaw_cli.learn.judge" and "is unavailable" in message and "serving goes on" in message
+    )
     assert "sk-wrong" not in message and KEY not in message
     expected = {
         "bad key openai": "AuthenticationError",

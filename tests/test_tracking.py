@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 import wandb_offline
+from tracker_readback import store_series
 from typer.testing import CliRunner
 
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
 from openclaw_cli.tracking.hub import PushedRows, RunInfo, TrackerHub, env_row, start_store_hub, store_run
-from openclaw_cli.tracking.scalars import EVAL_METRICS, STEP_METRICS, metric_table, step_scalars
+from openclaw_cli.tracking.scalars import EVAL_METRICS, STEP_METRICS, metric_table
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -79,14 +80,6 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
-def expected_series(store: Store) -> dict[str, list[tuple[int, float]]]:
-    series: dict[str, list[tuple[int, float]]] = {}
-    for step, version, _, metrics in store.steps():
-        for name, value in step_scalars(version, metrics).items():
-            series.setdefault(name, []).append((step, value))
-    return series
-
-
 def test_all_four_trackers_get_the_store_rows_once_in_one_run_across_a_restart(tmp_path: Path, offline: None) -> None:
     trackers = ["tensorboard", "wandb", "mlflow", "trackio"]
     settings = settings_for(tmp_path, trackers)
@@ -108,7 +101,7 @@ def test_all_four_trackers_get_the_store_rows_once_in_one_run_across_a_restart(t
         hub = start_store_hub(store, settings)
         assert hub is not None and hub.stop(60), hub and hub.status()
         assert store_run(store, settings) == run
-        expected = expected_series(store)
+        expected = store_series(store.steps())
     assert set(expected) == set(STEP_METRICS)  # every documented step metric is in a full row
     assert expected["train/grad_norm"] == [(1, 1.5), (3, 1.5), (4, 1.5), (5, 1.5)]
     assert expected["publish/promoted"][2] == (3, 0.0)
@@ -315,3 +308,62 @@ def test_report_to_is_validated_where_it_is_given(tmp_path: Path) -> None:
     assert not (tmp_path / "s.db").exists()
     assert Settings(train={"report_to": "all"}).train.report_to == ["tensorboard", "wandb", "mlflow", "trackio"]
     assert Settings(train={"report_to": "none"}).train.report_to == []
+
+
+async def test_a_launch_reports_its_real_steps_to_tensorboard_and_mlflow_across_a_restart(
+    learnable_model_dir: Path, tmp_path: Path
+) -> None:
+    """`openclaw launch` on the tiny model, scripted users and judge (tests/e2e_scenario.py): two steps, a restart,
+    one more step; TensorBoard's reader and MLflow's client then hold the store's rows exactly, in one run."""
+    import asyncio
+
+    import httpx
+    import openai
+    from e2e_scenario import ScriptedJudge, converse, e2e_settings, wait_for_step
+    from tracker_readback import mismatches, mlflow_series, tensorboard_series
+
+    from openclaw_cli.launch import Runtime, launch
+    from openclaw_cli.testing.local_servers import free_port
+
+    settings = e2e_settings(learnable_model_dir, tmp_path, free_port())
+    settings = settings.model_copy(
+        update={
+            "train": settings.train.model_copy(update={"report_to": ["tensorboard", "mlflow"]}),
+            "tracking": settings.tracking.model_copy(update={"interval_s": 0.2}),
+        }
+    )
+
+    async def run(steps: int, first_session: int) -> None:
+        stop = asyncio.Event()
+        ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            launch(settings, ui=False, stop=stop, judge_client=ScriptedJudge(), on_ready=ready.set_result)
+        )
+        try:
+            runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
+            client = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key="unused", max_retries=0)
+            async with httpx.AsyncClient(base_url=runtime.url) as http:
+                done = runtime.trainer.stats.steps
+                for step in range(1, steps + 1):
+                    for s in range(2):
+                        await converse(client, http, f"user-{first_session}-{step}-{s}", seed=step * 10 + s)
+                    await wait_for_step(runtime, done + step)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=60)
+
+    await run(2, 0)
+    await run(1, 1)  # a restart on the same store
+    with Store(settings.store.path) as store:
+        steps = store.steps()
+        run_name = store.tracker_state("run")["name"]
+    assert [s for s, *_ in steps] == [1, 2, 3]
+    expected = store_series(steps)
+    assert {"train/loss", "train/reward_mean", "judge/latency_s", "capture/main_turns", "policy/version"} <= set(
+        expected
+    )
+    (logdir,) = (tmp_path / "tensorboard").iterdir()
+    assert logdir.name == run_name
+    assert mismatches(expected, tensorboard_series(logdir), rel=1e-6) == []
+    mlflow_run, mlflow = mlflow_series(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert mismatches(expected, mlflow) == [] and mlflow_run.info.run_name == run_name
