@@ -16,13 +16,14 @@ PACKAGES=(
   pydantic pydantic-core pydantic-settings annotated-types typing-inspection python-dotenv
   starlette uvicorn sse-starlette httptools
   openai jiter distro sniffio
-  jsonschema jsonschema-specifications referencing rpds-py
+  jsonschema jsonschema-specifications referencing rpds-py attrs
   gguf llguidance
 )
 rm -rf .whl && mkdir -p .whl
 for name in "${PACKAGES[@]}"; do
   version=$("$VENV_PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
+    --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$name==$version"
 done
