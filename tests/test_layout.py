@@ -1,5 +1,5 @@
 """The wings' imports point down only (docs/layout.md): the proxy never imports learning or commands, learning never
-imports commands, the backends import none of learning, commands or the wire, capture and store never import
+imports commands, the backends import none of learning, commands or the wire, capture, store and tracking never import
 learning."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ FORBIDDEN = {
     "backends": ("openclaw_cli.learn", "openclaw_cli.commands", "openclaw_cli.proxy"),
     "capture": ("openclaw_cli.learn", "openclaw_cli.commands", "openclaw_cli.proxy"),
     "store": ("openclaw_cli.learn", "openclaw_cli.commands", "openclaw_cli.proxy"),
+    # Trackers only read the store's rows: they never reach into learning, serving or the commands.
+    "tracking": ("openclaw_cli.learn", "openclaw_cli.commands", "openclaw_cli.proxy", "openclaw_cli.launch"),
 }
 
 
