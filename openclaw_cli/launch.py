@@ -158,6 +158,8 @@ class Runtime:
         lessons = self.lessons.status() if self.lessons is not None else {"counts": {}, "active": []}
         if self.lessons is not None and self.lessons.last_error:
             errors.append(f"lessons: {self.lessons.last_error}")
+        if self.trackers is not None:
+            errors += [f"trackers: {s['last_error']}" for s in self.trackers.status().values() if s["last_error"]]
         return Snapshot(
             url=self.url,
             backend=self.backend.name,
@@ -300,9 +302,9 @@ async def _run(
             retention_loop(runtime.store, runtime.settings, halt, run_first=False), name="openclaw-retention"
         ),
     }
-    # train.report_to: a daemon thread sends the store's step rows to the trackers; it never blocks these loops.
-    runtime.trackers = start_store_hub(runtime.store, runtime.settings)
     try:
+        # train.report_to: a daemon thread sends the store's step rows to the trackers; it never blocks these loops.
+        runtime.trackers = start_store_hub(runtime.store, runtime.settings)
         while not server.started:
             if tasks["serve"].done():
                 await tasks["serve"]  # surfaces the startup error

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tracker_readback import tensorboard_series
 from typer.testing import CliRunner
 
 from openclaw_cli.backend import NotYetAvailable
@@ -299,6 +300,8 @@ def test_openclaw_train_resumes_a_checkpointed_run(tiny_model_dir: Path, tmp_pat
         "--set", "lora.rank=4",
         "--set", f"train_env.store={tmp_path / 'env.sqlite3'}",
         "--set", f"store.path={tmp_path / 'online.sqlite3'}",
+        "--report-to", "tensorboard",  # the env run is a TensorBoard run, continued by --resume
+        "--set", f"tracking.dir={tmp_path / 'trackers'}",
     ]  # fmt: skip
     sizes = ["--steps", "2", "--group-size", "2", "--prompts-per-step", "1", "--max-tokens", "4"]
     every_step = ["--set", "train_env.checkpoint_every=1"]
@@ -319,6 +322,10 @@ def test_openclaw_train_resumes_a_checkpointed_run(tiny_model_dir: Path, tmp_pat
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [3]
     with Store(tmp_path / "env.sqlite3", create=False) as store:
         assert [step for step, *_ in store.steps()] == [1, 2, 3]
+        rewards = [(step, metrics["mean_reward"]) for step, _, _, metrics in store.steps()]
+    series = tensorboard_series(tmp_path / "trackers" / "tensorboard" / "cli-run")
+    assert [s for s, _ in series["env/reward_mean"]] == [s for s, _ in rewards] == [1, 2, 3]
+    assert [v for _, v in series["env/reward_mean"]] == pytest.approx([v for _, v in rewards])
 
     refused = CliRunner().invoke(app, ["train", "--resume", "cli-run", "--seed", "99", "--no-save", *common])
     assert refused.exit_code == 2 and "seed 0 (this run: 99)" in refused.output

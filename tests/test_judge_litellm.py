@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ async def test_litellm_anthropic_provider_speaks_messages_and_has_no_logprobs(en
     through = LiteLLMJudgeClient(f"anthropic/{MODEL}", api_key=KEY, base_url=endpoint)
     want = await direct.complete(MESSAGES, temperature=0.0, max_tokens=12)
     assert await through.complete(MESSAGES, temperature=0.0, max_tokens=12) == want  # same prompt, same tokens
-    with pytest.raises(JudgeNoLogprobs, match="judge.mode = 'vote'"):
+    with pytest.raises(JudgeNoLogprobs, match=re.escape("judge.mode = 'vote'")):
         await through.verdict_logprobs(MESSAGES, list(VERDICT_WORDS))
 
 

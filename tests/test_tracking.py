@@ -254,7 +254,9 @@ def test_a_missing_tracker_library_names_the_extra_to_install(
         store.record_step(1, 1, step_row(1))
         hub = start_store_hub(store, settings)
         assert hub is not None and hub.stop(10)
-        assert hub.status()["wandb"] == {"open": False, "failing": True, "sent_rows": 0}
+        status = hub.status()["wandb"]
+        assert (status["open"], status["failing"], status["sent_rows"]) == (False, True, 0)
+        assert "pip install 'openclaw-cli[wandb]'" in status["last_error"]
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "pip install 'openclaw-cli[wandb]'" in warning and "serving and training go on" in warning
 

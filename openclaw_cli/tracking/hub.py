@@ -100,6 +100,7 @@ class _Slot:
     tracker: Tracker
     is_open: bool = False
     failing: bool = False  # its last open or send failed (logged once until it works again)
+    last_error: str | None = None
     retry_at: float = 0.0
     sent_rows: int = 0
 
@@ -153,7 +154,12 @@ class TrackerHub:
 
     def status(self) -> dict[str, Any]:
         return {
-            slot.tracker.name: {"open": slot.is_open, "failing": slot.failing, "sent_rows": slot.sent_rows}
+            slot.tracker.name: {
+                "open": slot.is_open,
+                "failing": slot.failing,
+                "sent_rows": slot.sent_rows,
+                "last_error": slot.last_error if slot.failing else None,
+            }
             for slot in self._slots
         }
 
@@ -214,6 +220,7 @@ class TrackerHub:
             self._recovered(slot, f"{name} works again; {len(rows)} waiting rows sent")
 
     def _failed(self, slot: _Slot, message: str) -> None:
+        slot.last_error = message
         if not slot.failing:
             log.warning(message)
         else:

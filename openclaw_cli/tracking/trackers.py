@@ -180,9 +180,7 @@ class MlflowTracker:
             created = client.create_run(experiment_id, run_name=run.name, tags={"openclaw.run_id": run.id})
             self._run_id = created.info.run_id
             known = set()
-        params = [
-            Param(key, shown(value)[:MLFLOW_PARAM_CHARS]) for key, value in config.items() if key not in known
-        ]
+        params = [Param(key, shown(value)[:MLFLOW_PARAM_CHARS]) for key, value in config.items() if key not in known]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 parameters a call
             client.log_batch(self._run_id, params=params[start : start + 100])
         self._client = client
