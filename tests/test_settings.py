@@ -119,7 +119,7 @@ def test_unknown_key_suggests_the_close_match_and_lists_known_keys():
     message = str(info.value)
     assert message.startswith("invalid setting judge.vote: unknown setting; did you mean votes?")
     assert (
-        "known keys in judge: model, base_url, api_key, mode, margin, hint_source, next_state_hints, votes, "
+        "known keys in judge: model, base_url, api_key, client, mode, margin, hint_source, next_state_hints, votes, "
         "temperature, max_concurrency" in message
     )
 
