@@ -3,7 +3,9 @@
 - serve: the proxy app under uvicorn's ``Server.serve()`` (capture happens inside it through ``SessionCapture``);
 - expire: closes idle sessions so their last turn becomes judgeable;
 - judge: :class:`~openclaw_cli.learn.judge.JudgeLoop`;
-- train: :class:`~openclaw_cli.learn.trainer_loop.TrainerLoop` (resumed from the newest checkpoint first).
+- train: :class:`~openclaw_cli.learn.trainer_loop.TrainerLoop` (resumed from the newest checkpoint first);
+- trackers (``train.report_to``): a daemon thread, :class:`~openclaw_cli.tracking.hub.TrackerHub`, sends the store's
+  step rows to TensorBoard / W&B / MLflow / trackio; it never holds up the loops.
 
 They share nothing but the store and the backend, and the backend runs model work in worker threads, so a training
 step never blocks a reply and a stalled judge never blocks training of what was already judged.
