@@ -369,3 +369,20 @@ async def test_a_launch_reports_its_real_steps_to_tensorboard_and_mlflow_across_
     assert mismatches(expected, tensorboard_series(logdir), rel=1e-6) == []
     mlflow_run, mlflow = mlflow_series(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert mismatches(expected, mlflow) == [] and mlflow_run.info.run_name == run_name
+
+
+def test_doctor_checks_each_named_tracker_has_its_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from openclaw_cli.commands.doctor import _tracker_checks
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "alembic" else real_find_spec(name, *a)
+    )
+    checks = _tracker_checks(Settings(train={"report_to": ["tensorboard", "mlflow"]}))
+    assert [(c.name, c.ok) for c in checks] == [("tensorboard", True), ("mlflow", False)]
+    assert checks[1].detail == "alembic missing: pip install 'openclaw-cli[mlflow]'"
+    assert _tracker_checks(Settings()) == []
+    server = Settings(train={"report_to": ["mlflow"]}, tracking={"mlflow_uri": "http://127.0.0.1:5000"})
+    assert [(c.name, c.ok) for c in _tracker_checks(server)] == [("mlflow", True)]  # a server needs no SQLAlchemy

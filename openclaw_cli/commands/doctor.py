@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import os
 import platform
 import socket
 import sys
@@ -69,6 +70,7 @@ def _doctor_checks(settings: Settings) -> list[tuple[str, Check]]:
             checks.append(("packages", Check(distribution, False, "pip install 'openclaw-cli[local]'")))
         else:
             checks.append(("packages", Check(distribution, True, "not installed; only the local backend needs it")))
+    checks.extend(("trackers", check) for check in _tracker_checks(settings))
     checks.append(("hardware", _cuda_check(settings)))
     checks.extend(
         (f"backend {settings.backend}", check) for check in registry.diagnose_backend(settings.backend, settings)
@@ -80,6 +82,22 @@ def _doctor_checks(settings: Settings) -> list[tuple[str, Check]]:
     from openclaw_cli.doctor_checks import model_checks  # loads transformers: only the doctor pays for it
 
     checks.extend(("model", check) for check in model_checks(settings))
+    return checks
+
+
+def _tracker_checks(settings: Settings) -> list[Check]:
+    """Each tracker train.report_to names has its library (a missing one would only be logged at launch)."""
+    from openclaw_cli.tracking.trackers import EXTRAS, missing_modules
+
+    uri = settings.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    checks = []
+    for tracker in settings.train.report_to:
+        missing = missing_modules(tracker, mlflow_uri=uri)
+        if missing:
+            detail = f"{', '.join(missing)} missing: pip install 'openclaw-cli[{EXTRAS[tracker]}]'"
+            checks.append(Check(tracker, False, detail))
+        else:
+            checks.append(Check(tracker, True, "installed"))
     return checks
 
 

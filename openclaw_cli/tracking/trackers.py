@@ -22,6 +22,26 @@ log = logging.getLogger("openclaw.tracking")
 EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 
 
+# The modules each tracker needs (mlflow's SQLite store, the default, needs SQLAlchemy and Alembic).
+MODULES = {
+    "tensorboard": ("tensorboard",),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+    "trackio": ("trackio",),
+}
+
+
+def missing_modules(tracker: str, *, mlflow_uri: str | None = None) -> list[str]:
+    """The modules ``tracker`` needs that are not installed (without importing them); an MLflow server URI (not
+    SQLite) needs no SQLAlchemy or Alembic here."""
+    import importlib.util
+
+    needed = MODULES[tracker]
+    if tracker == "mlflow" and mlflow_uri and not mlflow_uri.startswith("sqlite"):
+        needed = ("mlflow",)
+    return [module for module in needed if importlib.util.find_spec(module) is None]
+
+
 class TrackerUnavailable(RuntimeError):
     """The tracker's library is missing or the tracker refused to open (the message says what to do)."""
 
