@@ -101,7 +101,8 @@ async def test_the_judge_loop_reaches_verdicts_through_litellm(
             assert verdict["mode"] == ("vote" if mode == "auto" else mode)  # auto: vote for a LiteLLM judge
             assert verdict["score"] in (-1, 0, 1) and verdict["seconds"] > 0
             if verdict["mode"] == "vote":
-                assert len(verdict["votes"]) == 2 and all(raw for raw in verdict["raw"]["prm"])
+                # two replies came back (the tiny model may stop at once: an empty reply is an invalid vote)
+                assert len(verdict["votes"]) == 2 and len(verdict["raw"]["prm"]) == 2
             else:
                 assert set(verdict["probs"]) <= set(VERDICT_WORDS) and "log_odds" in verdict
 
