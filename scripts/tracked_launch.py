@@ -23,7 +23,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "tests"))  # the readback helpers the tests use
+
+from openclaw_cli.testing.local_servers import free_port, wait_until_answering  # noqa: E402
 
 SCRIPT = json.loads((ROOT / "bench" / "scripts" / "brevity.json").read_text())
 MAX_WORDS = 20
@@ -41,28 +43,6 @@ MAX_WORDS = 20
 SHOWN_TAGS = (
     r"train/(reward_mean|reward_std|loss|demos)|policy/version|publish/kl_base|capture/main_turns|judge/latency_s"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the process exited with {process.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"{url} did not answer within {timeout_s:.0f}s")
 
 
 async def user(base_url: str, name: int, until: float, counts: dict[str, int]) -> None:
@@ -115,7 +95,7 @@ def screenshot(logdir: Path, target: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(f"http://127.0.0.1:{port}/", board, 60)
+        wait_until_answering(f"http://127.0.0.1:{port}/", board, timeout_s=60, what="tensorboard", require_ok=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         quiet = ["--disable-gpu", "--disable-quic", "--disable-background-networking", "--disable-component-update"]
         with sync_playwright() as playwright:
@@ -157,7 +137,7 @@ def main() -> int:
         process = subprocess.Popen(command, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             base_url = f"http://127.0.0.1:{port}"
-            wait_for(f"{base_url}/v1/models", process, 300)
+            wait_until_answering(f"{base_url}/v1/models", process, timeout_s=300, what="launch", require_ok=True)
             started = time.monotonic()
             counts = {"replies": 0, "corrections": 0}
 
