@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import os
 import platform
 import socket
 import sys
@@ -87,17 +86,14 @@ def _doctor_checks(settings: Settings) -> list[tuple[str, Check]]:
 
 def _tracker_checks(settings: Settings) -> list[Check]:
     """Each tracker train.report_to names has its library (a missing one would only be logged at launch)."""
-    from openclaw_cli.tracking.trackers import EXTRAS, missing_modules
+    from openclaw_cli.tracking.hub import tracking_dir
+    from openclaw_cli.tracking.trackers import install_hint, missing_modules, mlflow_tracking_uri
 
-    uri = settings.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = mlflow_tracking_uri(settings.tracking.mlflow_uri, tracking_dir(settings))
     checks = []
     for tracker in settings.train.report_to:
         missing = missing_modules(tracker, mlflow_uri=uri)
-        if missing:
-            detail = f"{', '.join(missing)} missing: pip install 'openclaw-cli[{EXTRAS[tracker]}]'"
-            checks.append(Check(tracker, False, detail))
-        else:
-            checks.append(Check(tracker, True, "installed"))
+        checks.append(Check(tracker, not missing, install_hint(tracker, missing) if missing else "installed"))
     return checks
 
 

@@ -70,16 +70,28 @@ def shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _require(module: str, tracker: str) -> Any:
+def install_hint(tracker: str, missing: list[str]) -> str:
+    """What is missing for ``tracker`` and the extra that installs it (the doctor's line and the launch log's)."""
+    return f"{', '.join(missing)} missing: pip install 'openclaw-cli[{EXTRAS[tracker]}]'"
+
+
+def load(tracker: str, *, mlflow_uri: str | None = None) -> Any:
+    """Import ``tracker``'s library, or raise TrackerUnavailable saying what is missing and the extra to install."""
     import importlib
 
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise TrackerUnavailable(
-            f"train.report_to names {tracker}, but {module} cannot be imported ({exc}): "
-            f"pip install 'openclaw-cli[{EXTRAS[tracker]}]'"
-        ) from None
+    missing = missing_modules(tracker, mlflow_uri=mlflow_uri)
+    if not missing:
+        module = MODULES[tracker][0]
+        try:
+            return importlib.import_module(module)
+        except ImportError as exc:  # present but broken (or a dependency of it missing)
+            missing = [f"{module} ({exc})"]
+    raise TrackerUnavailable(f"train.report_to names {tracker}, but {install_hint(tracker, missing)}")
+
+
+def mlflow_tracking_uri(configured: str | None, directory: Path) -> str:
+    """tracking.mlflow_uri, else MLFLOW_TRACKING_URI, else a SQLite store in ``directory``."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{directory / 'mlflow.db'}"
 
 
 class TensorBoardTracker:
@@ -93,7 +105,7 @@ class TensorBoardTracker:
         self.logdir: Path | None = None
 
     def open(self, run: RunInfo, config: dict[str, Any]) -> None:
-        _require("tensorboard", self.name)
+        load(self.name)
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.logdir = run.dir / "tensorboard" / run.name
@@ -141,7 +153,7 @@ class WandbTracker:
         self._run: Any = None
 
     def open(self, run: RunInfo, config: dict[str, Any]) -> None:
-        wandb = _require("wandb", self.name)
+        wandb = load(self.name)
         run.dir.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(
             project=run.project,
@@ -179,12 +191,12 @@ class MlflowTracker:
         self.uri: str | None = None
 
     def open(self, run: RunInfo, config: dict[str, Any]) -> None:
-        _require("mlflow", self.name)
+        self.uri = mlflow_tracking_uri(run.mlflow_uri, run.dir)
+        load(self.name, mlflow_uri=self.uri)
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
         run.dir.mkdir(parents=True, exist_ok=True)
-        self.uri = run.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run.dir / 'mlflow.db'}"
         with _quiet_logger("mlflow", "alembic"):
             client = MlflowClient(tracking_uri=self.uri)
             experiment = client.get_experiment_by_name(run.project)
@@ -228,7 +240,7 @@ class TrackioTracker:
     def open(self, run: RunInfo, config: dict[str, Any]) -> None:
         # trackio reads TRACKIO_DIR once, when first imported.
         os.environ.setdefault("TRACKIO_DIR", str(run.dir / "trackio"))
-        trackio = _require("trackio", self.name)
+        trackio = load(self.name)
         with contextlib.redirect_stdout(io.StringIO()) as said:  # it prints its banner to stdout
             self._run = trackio.init(
                 project=run.project,
