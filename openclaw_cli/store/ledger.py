@@ -86,6 +86,10 @@ class StepLedger(HandoffQueue):
                 (step, version, time.time() if now is None else now, dumps_json(metrics)),
             )
 
+    def last_step_at(self, when: float) -> int:
+        """The last step recorded at or before ``when`` (0 when none was)."""
+        return int(self._read("SELECT IFNULL(MAX(step), 0) FROM steps WHERE created_at <= ?", (when,))[0][0])
+
     def steps(self, *, after: int | None = None) -> list[tuple[int, int | None, float, dict[str, Any]]]:
         """(step, version, created_at, metrics) rows in step order; only those past ``after`` when given."""
         rows = self._read(

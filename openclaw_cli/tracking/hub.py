@@ -53,13 +53,9 @@ class StoreRows:
     def rows_after(self, sent: dict[str, int]) -> list[Row]:
         steps = self.store.steps(after=sent.get("step", 0))
         rows = [Row("step", s, s, t, step_scalars(v, m)) for s, v, t, m in steps]
-        evaluations = self.store.evaluations(after=sent.get("eval", 0))
-        if evaluations:
-            # An evaluation is logged at the last step recorded before it ran.
-            done = [(t, s) for s, _, t, _ in self.store.steps()]
-            for eval_id, at, report in evaluations:
-                step = max((s for t, s in done if t <= at), default=0)
-                rows.append(Row("eval", eval_id, step, at, eval_scalars(report)))
+        # An evaluation is logged at the last step recorded before it ran.
+        for eval_id, at, report in self.store.evaluations(after=sent.get("eval", 0)):
+            rows.append(Row("eval", eval_id, self.store.last_step_at(at), at, eval_scalars(report)))
         # In step order, an evaluation after the step it followed: W&B drops a row logged at an earlier step.
         return sorted(rows, key=lambda row: (row.step, row.stream == "eval"))
 
