@@ -179,15 +179,22 @@ class OpenAIJudgeClient:
             logprobs=True,
             top_logprobs=TOP_LOGPROBS,
         )
-        content = response.choices[0].logprobs.content if response.choices and response.choices[0].logprobs else None
-        if not content:
-            raise JudgeNoLogprobs(
-                "the judge endpoint returned no logprobs; it cannot judge in mode 'logprob' (set judge.mode = 'vote')"
-            )
-        return words_from_top_logprobs([(alt.token, alt.logprob) for alt in content[0].top_logprobs], words)
+        return first_token_words(response, words, "the judge endpoint")
 
 
 TOP_LOGPROBS = 20  # the most OpenAI's API returns
+
+
+def first_token_words(response: Any, words: list[str], who: str) -> dict[str, float]:
+    """The verdict words' log-probabilities from a chat completion's first-token ``top_logprobs`` (the OpenAI shape,
+    which LiteLLM returns too); JudgeNoLogprobs naming ``who`` when it carries none."""
+    logprobs = response.choices[0].logprobs if response.choices else None
+    content = getattr(logprobs, "content", None) if logprobs is not None else None
+    if not content:
+        raise JudgeNoLogprobs(
+            f"{who} returned no logprobs; it cannot judge in mode 'logprob' (set judge.mode = 'vote')"
+        )
+    return words_from_top_logprobs([(alt.token, alt.logprob) for alt in content[0].top_logprobs], words)
 
 
 def words_from_top_logprobs(alternatives: list[tuple[str, float]], words: list[str]) -> dict[str, float]:
@@ -233,16 +240,20 @@ class LiteLLMJudgeClient:
         self._api_key = api_key
         self._base_url = base_url
         self._timeout_s = timeout_s
+        self._module: Any = None
 
     def _litellm(self) -> Any:
-        litellm: Any = importlib.import_module("litellm")
-        litellm.suppress_debug_info = True  # else every failure prints "Give Feedback / Get Help" to stdout
-        if not os.environ.get("LITELLM_LOG"):
-            # Its loggers print every call at INFO to stdout through their own handler (under `launch --no-ui`,
-            # which logs at INFO): the judge's own lines say what matters. LITELLM_LOG=DEBUG brings them back.
-            for name in LITELLM_LOGGERS:
-                logging.getLogger(name).setLevel(logging.WARNING)
-        return litellm
+        """litellm, imported and quietened on first use."""
+        if self._module is None:
+            litellm: Any = importlib.import_module("litellm")
+            litellm.suppress_debug_info = True  # else every failure prints "Give Feedback / Get Help" to stdout
+            if not os.environ.get("LITELLM_LOG"):
+                # Its loggers print every call at INFO to stdout through their own handler (under `launch --no-ui`,
+                # which logs at INFO): the judge's own lines say what matters. LITELLM_LOG=DEBUG brings them back.
+                for name in LITELLM_LOGGERS:
+                    logging.getLogger(name).setLevel(logging.WARNING)
+            self._module = litellm
+        return self._module
 
     def _options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_retries": 0, "timeout": self._timeout_s}
@@ -279,13 +290,7 @@ class LiteLLMJudgeClient:
                 f"{self.name} does not take logprobs ({exc}); it cannot judge in mode 'logprob' (set judge.mode = "
                 "'vote')"
             ) from None
-        logprobs = response.choices[0].logprobs if response.choices else None
-        content = getattr(logprobs, "content", None) if logprobs is not None else None
-        if not content:
-            raise JudgeNoLogprobs(
-                f"{self.name} returned no logprobs; it cannot judge in mode 'logprob' (set judge.mode = 'vote')"
-            )
-        return words_from_top_logprobs([(alt.token, alt.logprob) for alt in content[0].top_logprobs], words)
+        return first_token_words(response, words, self.name)
 
 
 class PolicyJudgeClient:
