@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from backend_helpers import wait_until
 from torch import nn
 
 from openclaw_cli.backend import BackendError
@@ -66,6 +67,23 @@ def scored(served: SimpleNamespace, version: int, tokens: list[int]) -> list[flo
 
 def completion_logprobs(served: SimpleNamespace, version: int, prompt: list[int], completion: list[int]) -> list[float]:
     return scored(served, version, prompt + completion)[len(prompt) - 1 :]
+
+
+@contextmanager
+def held_forward(model: nn.Module) -> Iterator[threading.Event]:
+    """Every forward pass waits until the yielded event is set (at most 30 s): a request admitted meanwhile can
+    neither finish (a sampled end-of-text token would end it at any step) nor free its slot."""
+    gate = threading.Event()
+
+    def hold(_module: nn.Module, _args: object) -> None:  # a pre-hook's return value would replace the inputs
+        gate.wait(timeout=30)
+
+    handle = model.register_forward_pre_hook(hold)
+    try:
+        yield gate
+    finally:
+        gate.set()
+        handle.remove()
 
 
 @contextmanager
@@ -407,34 +425,32 @@ async def test_closing_a_stream_stops_the_worker(served: SimpleNamespace) -> Non
 
 
 async def test_cancelling_sample_stops_the_worker(served: SimpleNamespace) -> None:
-    with slow_forward(served.model, 0.01):
+    with held_forward(served.model) as gate:
         task = asyncio.create_task(served.sampler.sample(served.prompt, SamplingParams(max_tokens=2000), version=0))
-        # Wait for admission rather than a fixed sleep: on a loaded CI machine the worker may take longer to start.
-        deadline = time.monotonic() + 5
-        while served.sampler.running_requests == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert served.sampler.running_requests == 1
-        await asyncio.sleep(0.05)
-        assert not task.done()
+        await wait_until(lambda: served.sampler.running_requests == 1, timeout_s=5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        deadline = time.monotonic() + 2
-        while served.sampler.running_requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert served.sampler.running_requests == 0
+        gate.set()
+        await wait_until(lambda: served.sampler.running_requests == 0, timeout_s=2)
 
 
 async def test_closing_the_sampler_fails_requests_still_waiting_for_a_worker(served: SimpleNamespace) -> None:
     sampler = TransformersSampler(served.model, served.tok, served.versions, max_concurrent=1, context_length=4096)
-    with slow_forward(served.model, 0.01):
-        running = sampler.stream(served.prompt, SamplingParams(max_tokens=2000), version=0)
-        assert isinstance(await anext(running), TokenChunk)
+    # The running request holds the only slot inside its first forward pass until the gate opens: it cannot end
+    # (a sampled end-of-text token would free the slot and let the waiting request run) before close().
+    with held_forward(served.model) as gate:
+        running = sampler.stream(served.prompt, SamplingParams(max_tokens=20), version=0)
+        first = asyncio.create_task(anext(running))
+        await wait_until(lambda: sampler.running_requests == 1, timeout_s=5)
         waiting = asyncio.create_task(sampler.sample(served.prompt, SamplingParams(max_tokens=5), version=0))
         await asyncio.sleep(0.05)
+        assert sampler.running_requests == 1 and not waiting.done()
         sampler.close()
+        gate.set()
         with pytest.raises(BackendError, match="closed before this request ran"):
             await asyncio.wait_for(waiting, timeout=5)
+        assert isinstance(await asyncio.wait_for(first, timeout=5), TokenChunk | SampleResult)  # it goes on
         await running.aclose()
     with pytest.raises(BackendError, match="closed"):
         await sampler.sample(served.prompt, SamplingParams(max_tokens=1))

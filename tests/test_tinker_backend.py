@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tinker
+from backend_helpers import wait_until
 from tinker.types import RequestErrorCategory
 
 from openclaw_cli.backend import BackendError
@@ -84,13 +85,6 @@ async def train_one_step(backend: TinkerBackend, prompt: list[int], seed: int = 
     datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
     await backend.forward_backward([datum], "ppo", PPO)
     await backend.optim_step(ADAM)
-
-
-async def wait_until(predicate: Any, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 # ---------------------------------------------------------------------------------------------------------------
