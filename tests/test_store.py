@@ -258,6 +258,18 @@ def test_steps_placeholder(tmp_path: Path) -> None:
         assert store.steps() == [(1, 1, 5.0, {"loss": 0.5})]
 
 
+def test_lesson_counts_by_status_feed_the_step_row(tmp_path: Path) -> None:
+    from openclaw_cli.learn.step_metrics import store_counts
+
+    with Store(tmp_path / "s.sqlite3") as store:
+        assert store.lesson_counts() == {}
+        assert store_counts(store)["lessons"] == {"active": 0, "candidate": 0, "retired": 0}
+        for text, status in [("a", "active"), ("b", "active"), ("c", "candidate"), ("d", "rejected")]:
+            store.add_lesson("local", text, status=status, origin="user", why="test")
+        assert store.lesson_counts() == {"active": 2, "candidate": 1, "rejected": 1}
+        assert store_counts(store)["lessons"] == {"active": 2, "candidate": 1, "retired": 0}
+
+
 # --- crash safety --------------------------------------------------------------------------------------------------
 _CHILD = textwrap.dedent(
     """

@@ -382,13 +382,11 @@ class LessonKeeper:
 
     def status(self) -> dict[str, Any]:
         """For /v1/openclaw/status and the dashboard: counts by status and the active lessons (blocking read)."""
-        counts: dict[str, int] = {}
-        active = []
-        for lesson in self.store.lessons():
-            counts[lesson.status] = counts.get(lesson.status, 0) + 1
-            if lesson.status == "active":
-                active.append({"id": lesson.id, "owner": lesson.owner, "text": lesson.text, "uses": lesson.uses})
-        return {"counts": counts, "active": active, **self.stats, "last_error": self.last_error}
+        active = [
+            {"id": lesson.id, "owner": lesson.owner, "text": lesson.text, "uses": lesson.uses}
+            for lesson in self.store.lessons(statuses=["active"])
+        ]
+        return {"counts": self.store.lesson_counts(), "active": active, **self.stats, "last_error": self.last_error}
 
 
 def _correction_of(lesson: LessonRecord) -> str:

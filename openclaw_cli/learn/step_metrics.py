@@ -61,8 +61,6 @@ def store_counts(store: Store) -> dict[str, dict[str, int]]:
         "main_turns": sum(turns.get("main", {}).values()),
         "side_turns": sum(turns.get("side", {}).values()),
     }
-    lessons: dict[str, int] = {"active": 0, "candidate": 0, "retired": 0}
-    for lesson in store.lessons():
-        if lesson.status in lessons:
-            lessons[lesson.status] += 1
+    by_status = store.lesson_counts()
+    lessons = {status: by_status.get(status, 0) for status in ("active", "candidate", "retired")}
     return {"capture": capture, "lessons": lessons}

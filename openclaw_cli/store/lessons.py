@@ -118,6 +118,10 @@ class LessonLedger(StoreBase):
         )
         return [_lesson_from_row(row[:-1], uses=row[-1]) for row in rows]
 
+    def lesson_counts(self) -> dict[str, int]:
+        """How many lessons each status holds (statuses without lessons left out)."""
+        return {status: int(n) for status, n in self._read("SELECT status, COUNT(*) FROM lessons GROUP BY status")}
+
     def set_lesson_status(
         self,
         lesson_id: int,
