@@ -256,13 +256,7 @@ def store_run(store: Store, settings: Settings) -> RunInfo:
     if wanted and run["name"] != wanted:
         run = fresh
         store.set_tracker_state("run", run)
-    return RunInfo(
-        id=str(run["id"]),
-        name=str(run["name"]),
-        project=settings.tracking.project,
-        dir=tracking_dir(settings),
-        mlflow_uri=settings.tracking.mlflow_uri,
-    )
+    return _run_info(settings, str(run["id"]), str(run["name"]))
 
 
 def start_store_hub(store: Store, settings: Settings) -> TrackerHub | None:
@@ -270,13 +264,7 @@ def start_store_hub(store: Store, settings: Settings) -> TrackerHub | None:
     if not settings.train.report_to:
         return None
     run = store_run(store, settings)
-    hub = TrackerHub(
-        settings.train.report_to,
-        run,
-        settings_config(settings),
-        StoreRows(store, run.id),
-        interval_s=settings.tracking.interval_s,
-    )
+    hub = _hub(settings, run, StoreRows(store, run.id))
     log.info("reporting to %s as run %r", ", ".join(hub.names), run.name)
     return hub.start()
 
@@ -288,17 +276,24 @@ def start_pushed_hub(settings: Settings, run_name: str) -> tuple[TrackerHub, Pus
         return None
     rows = PushedRows()
     run_id = "".join(c if c.isalnum() or c in "-_" else "-" for c in run_name)[:64]
-    run = RunInfo(
+    return _hub(settings, _run_info(settings, run_id, run_name), rows).start(), rows
+
+
+def _run_info(settings: Settings, run_id: str, name: str) -> RunInfo:
+    return RunInfo(
         id=run_id,
-        name=run_name,
+        name=name,
         project=settings.tracking.project,
         dir=tracking_dir(settings),
         mlflow_uri=settings.tracking.mlflow_uri,
     )
-    hub = TrackerHub(
-        settings.train.report_to, run, settings_config(settings), rows, interval_s=settings.tracking.interval_s
+
+
+def _hub(settings: Settings, run: RunInfo, source: RowSource) -> TrackerHub:
+    """A hub (not started) for train.report_to, with the settings as the run's config."""
+    return TrackerHub(
+        settings.train.report_to, run, settings_config(settings), source, interval_s=settings.tracking.interval_s
     )
-    return hub.start(), rows
 
 
 def env_row(step: int, metrics: dict[str, Any], wall_time: float | None = None) -> Row:

@@ -18,10 +18,6 @@ from typing import Any, Protocol
 
 log = logging.getLogger("openclaw.tracking")
 
-# pip extras that install each tracker's library (pyproject.toml)
-EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
-
-
 # The modules each tracker needs (mlflow's SQLite store, the default, needs SQLAlchemy and Alembic).
 MODULES = {
     "tensorboard": ("tensorboard",),
@@ -71,8 +67,9 @@ def shown(value: Any) -> str:
 
 
 def install_hint(tracker: str, missing: list[str]) -> str:
-    """What is missing for ``tracker`` and the extra that installs it (the doctor's line and the launch log's)."""
-    return f"{', '.join(missing)} missing: pip install 'openclaw-cli[{EXTRAS[tracker]}]'"
+    """What is missing for ``tracker`` and the extra that installs it (the doctor's line and the launch log's); each
+    tracker's extra in pyproject.toml bears its name."""
+    return f"{', '.join(missing)} missing: pip install 'openclaw-cli[{tracker}]'"
 
 
 def load(tracker: str, *, mlflow_uri: str | None = None) -> Any:
