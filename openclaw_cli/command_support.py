@@ -69,6 +69,15 @@ SetOption = Annotated[
         help="Any setting by dotted key, repeatable, e.g. --set judge.votes=5 (JSON for lists).",
     ),
 ]
+ReportToOption = Annotated[
+    str | None,
+    typer.Option(
+        "--report-to",
+        metavar="TRACKERS",
+        help="Send each training step's metrics to tensorboard, wandb, mlflow and/or trackio (comma-separated; all; "
+        "none). Overrides train.report_to.",
+    ),
+]
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", "--out", dir_okay=False, help="Write here instead of stdout.")
 ]

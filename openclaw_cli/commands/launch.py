@@ -9,6 +9,7 @@ import typer
 
 from openclaw_cli.command_support import (
     LoadedSettings,
+    ReportToOption,
     begin_service,
     optional_attr,
     service_failures,
@@ -34,14 +35,7 @@ def launch(
     ui: Annotated[
         bool, typer.Option("--ui/--no-ui", help="Live dashboard (default), or plain log lines with --no-ui.")
     ] = True,
-    report_to: Annotated[
-        str | None,
-        typer.Option(
-            "--report-to",
-            metavar="TRACKERS",
-            help="Send training metrics to tensorboard, wandb, mlflow and/or trackio (comma-separated; all; none).",
-        ),
-    ] = None,
+    report_to: ReportToOption = None,
 ) -> None:
     """Serve + collect + judge + train in one process (the learning loop). Ctrl-C stops after the current step."""
     settings = with_report_to(loaded.settings, report_to)

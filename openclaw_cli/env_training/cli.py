@@ -23,6 +23,7 @@ from openclaw_cli.command_support import (
     EXIT_REFUSED,
     CliFailure,
     ConfigOption,
+    ReportToOption,
     SetOption,
     command_overrides,
     with_report_to,
@@ -76,14 +77,7 @@ def train_command(
     metrics: Annotated[
         Path | None, typer.Option("--metrics", help="Also write one JSON line of metrics per step here.")
     ] = None,
-    report_to: Annotated[
-        str | None,
-        typer.Option(
-            "--report-to",
-            metavar="TRACKERS",
-            help="Send each step's metrics to tensorboard, wandb, mlflow and/or trackio (comma-separated; all; none).",
-        ),
-    ] = None,
+    report_to: ReportToOption = None,
     config: ConfigOption = None,
     set_: SetOption = None,
 ) -> None:
