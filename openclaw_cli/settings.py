@@ -286,6 +286,13 @@ class LessonSettings(_Section):
     return_gap: float = Field(
         2.0, gt=0.0, description="A retired lesson whose effect has grown past this (the behaviour slipped) comes back."
     )
+    retire_checks: int = Field(
+        2,
+        ge=1,
+        le=32,
+        description="Passing retirement checks in a row (each on a new policy version and on at least verify_prompts "
+        "untrained prompts where the lesson acts) before a lesson retires; each time it came back adds as many again.",
+    )
     min_shaped: int = Field(
         3, ge=1, le=256, description="Turns a lesson must have shaped before it is checked for retirement."
     )

@@ -1,11 +1,18 @@
-"""A captured exchange as the proxy records one served with lessons (shared by the lesson tests)."""
+"""What the lesson tests share: a captured exchange as the proxy records one served with lessons, a conversation of
+two turns, and a scripted policy that follows a lesson block."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from openclaw_cli.capture import CapturedExchange
-from openclaw_cli.lesson_prompt import with_lessons
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.lesson_prompt import INSTRUCTION_HEADER, with_lessons
+from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
+
+LESSON = "Too wordy. Just give me the key fact."
+SHORT = "Paris."
+LONG = "The capital of France is Paris, a large and old city on the river Seine with many museums."
 
 
 def served_exchange(tokenizer: Any, messages: list[dict[str, Any]], reply: str, **metadata: Any) -> CapturedExchange:
@@ -32,3 +39,61 @@ def served_exchange(tokenizer: Any, messages: list[dict[str, Any]], reply: str, 
         finished_at=1.0,
         metadata={"owner": "local", **metadata},
     )
+
+
+class ScriptedPolicy:
+    """Answers SHORT when the prompt holds an instruction block, LONG otherwise; scores a reply -0.2 a token where
+    it fits its context (short after an instruction, long without) and -1.5 where it does not, as the base model.
+    ``learned``: the current policy (not the base) answers SHORT without the block too, as weights that took the
+    lesson in would."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, leak: str | None = None) -> None:
+        self._tokenizer = tokenizer
+        self.learned = False
+        self.leak = leak
+        self.version = 0
+        self.short_anyway = "(short)"  # a question with this mark is answered SHORT anyway, lesson or not
+        self.samples = 0  # greedy replies asked for: what lesson trials cost
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def current_version(self) -> PolicyVersion:
+        return PolicyVersion(self.version, f"v{self.version}")
+
+    async def publish(self, name: str | None = None) -> PolicyVersion:
+        return self.current_version()
+
+    async def sample(self, prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
+        self.samples += 1
+        text = self._tokenizer.decode(prompt)
+        told = INSTRUCTION_HEADER in text
+        reply = SHORT if told or (self.learned and version is None) or self.short_anyway in text else LONG
+        if told and self.leak and self.leak in text:
+            reply = f"{self.leak}. {reply}"
+        tokens = self._tokenizer.encode(reply)
+        return SampleResult(
+            tokens=tokens,
+            logprobs=[-0.1] * len(tokens),
+            finish_reason="stop",
+            version=0,
+            text=reply,
+        )
+
+    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
+        context = self._tokenizer.decode(tokens[:start])
+        reply = self._tokenizer.decode(tokens[start:])
+        told = INSTRUCTION_HEADER in context
+        short = len(reply.split()) < 8
+        fits = told == short or (short and self.learned and not base)
+        value = -0.2 if fits else -1.5
+        return [None] * start + [value] * (len(tokens) - start)
+
+
+def record_conversation(capture: SessionCapture, tokenizer: Any, question: str, reply: str, next_user: str) -> None:
+    first = [{"role": "user", "content": question}]
+    capture.record_sync(served_exchange(tokenizer, first, reply))
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": next_user}]
+    capture.record_sync(served_exchange(tokenizer, second, reply))

@@ -15,24 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
-from lesson_helpers import served_exchange
+from lesson_helpers import LESSON, LONG, SHORT, ScriptedPolicy, served_exchange
+from lesson_helpers import record_conversation as _conversation
 
 from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
 from openclaw_cli.learn.lessons import LessonKeeper, load_active
-from openclaw_cli.lesson_prompt import (
-    INSTRUCTION_HEADER,
-    ActiveLesson,
-    LessonBook,
-    key_owner,
-)
+from openclaw_cli.lesson_prompt import INSTRUCTION_HEADER, ActiveLesson, LessonBook, key_owner
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
-from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
-
-LESSON = "Too wordy. Just give me the key fact."
-SHORT = "Paris."
-LONG = "The capital of France is Paris, a large and old city on the river Seine with many museums."
 
 FACT_CORRECTIONS = [
     "No, the capital of Australia is Canberra.",
@@ -173,61 +164,6 @@ def test_a_version_3_store_migrates_and_keeps_its_turns(tmp_path: Path) -> None:
 
 
 # --- keeper with a scripted policy ---------------------------------------------------------------------------------
-class ScriptedPolicy:
-    """Answers SHORT when the prompt holds an instruction block, LONG otherwise; scores a reply -0.2 a token where
-    it fits its context (short after an instruction, long without) and -1.5 where it does not, as the base model.
-    ``learned``: the current policy (not the base) answers SHORT without the block too, as weights that took the
-    lesson in would."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer: Any, leak: str | None = None) -> None:
-        self._tokenizer = tokenizer
-        self.learned = False
-        self.leak = leak
-        self.version = 0
-
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    def current_version(self) -> PolicyVersion:
-        return PolicyVersion(self.version, f"v{self.version}")
-
-    async def publish(self, name: str | None = None) -> PolicyVersion:
-        return self.current_version()
-
-    async def sample(self, prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
-        text = self._tokenizer.decode(prompt)
-        told = INSTRUCTION_HEADER in text
-        reply = SHORT if told or (self.learned and version is None) else LONG
-        if told and self.leak and self.leak in text:
-            reply = f"{self.leak}. {reply}"
-        tokens = self._tokenizer.encode(reply)
-        return SampleResult(
-            tokens=tokens,
-            logprobs=[-0.1] * len(tokens),
-            finish_reason="stop",
-            version=0,
-            text=reply,
-        )
-
-    async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
-        context = self._tokenizer.decode(tokens[:start])
-        reply = self._tokenizer.decode(tokens[start:])
-        told = INSTRUCTION_HEADER in context
-        short = len(reply.split()) < 8
-        fits = told == short or (short and self.learned and not base)
-        value = -0.2 if fits else -1.5
-        return [None] * start + [value] * (len(tokens) - start)
-
-
-def _conversation(capture: SessionCapture, tokenizer: Any, question: str, reply: str, next_user: str) -> None:
-    first = [{"role": "user", "content": question}]
-    capture.record_sync(served_exchange(tokenizer, first, reply))
-    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": next_user}]
-    capture.record_sync(served_exchange(tokenizer, second, reply))
-
-
 @pytest.fixture
 def keeper_parts(tmp_path: Path, tiny_tokenizer: Any) -> Any:
     store = Store(tmp_path / "store.sqlite3")
@@ -299,6 +235,9 @@ async def test_retired_when_learned_and_back_when_it_slips(keeper_parts: Any, ti
     assert len(active.evidence[-1]["trials"]) == 3
     assert all(t["turn"] != 4 for t in active.evidence[-1]["trials"])
     policy.learned = True
+    await keeper.check_retirement()
+    passing = store.get_lesson(lesson.id)  # one passing check is not enough (lessons.retire_checks = 2)
+    assert passing.status == "active" and "passing check 1 of 2" in passing.evidence[-1]["why"]
     await keeper.check_retirement()
     retired = store.get_lesson(lesson.id)
     assert retired.status == "retired" and retired.evidence[-1]["effect"] == 0.0
@@ -533,8 +472,9 @@ async def test_a_duplicate_merges_into_the_active_lesson_and_the_budget_retires_
     store, capture, _, keeper = keeper_parts
     first = await keeper.add("local", "Answer briefly.")
     _questions(capture, tiny_tokenizer)
-    # The scripted policy already answers SHORT with any lesson in the prompt: this one changes no reply.
-    _conversation(capture, tiny_tokenizer, "What is the capital of France?", LONG, "Too long, answer briefly please.")
+    # The scripted policy already answers SHORT with any lesson in the prompt: this one changes no reply (not even
+    # the one corrected, served SHORT beside the active lesson), though alone it would.
+    _conversation(capture, tiny_tokenizer, "What is the capital of France?", SHORT, "Too long. Be concise.")
     await keeper.run_once()
     duplicate = next(lesson for lesson in store.lessons() if lesson.id != first.id)
     assert duplicate.status == "rejected" and f"merged into lesson {first.id}" in duplicate.evidence[-1]["why"]
@@ -545,33 +485,6 @@ async def test_a_duplicate_merges_into_the_active_lesson_and_the_budget_retires_
     statuses = {lesson.id: lesson.status for lesson in store.lessons()}
     assert (statuses[first.id], statuses[second.id], statuses[third.id]) == ("retired", "active", "active")
     assert [a.id for a in keeper.book.for_owner("local")] == [second.id, third.id]
-
-
-async def test_a_rejected_lesson_asked_for_again_is_tried_once_more_but_not_on_every_repetition(
-    keeper_parts: Any, tiny_tokenizer: Any
-) -> None:
-    import openclaw_cli.learn.lessons as lessons_module
-
-    store, capture, policy, keeper = keeper_parts
-    _questions(capture, tiny_tokenizer)
-    policy.leak = "Canberra"
-    correction = "Too long, just say Canberra."
-    _conversation(capture, tiny_tokenizer, "Capital of Australia?", LONG, correction)
-    await keeper.run_once()
-    (lesson,) = store.lessons()
-    assert lesson.status == "rejected"
-    _conversation(capture, tiny_tokenizer, "Capital of Australia again?", LONG, correction)
-    await keeper.run_once()
-    assert [x.status for x in store.lessons()] == ["rejected"]  # at once: no new candidate, no new try
-    lessons_module.RETRY_REJECTED_S = 0.0
-    try:
-        _conversation(capture, tiny_tokenizer, "And once more?", LONG, correction)
-        await keeper.run_once()
-    finally:
-        lessons_module.RETRY_REJECTED_S = 600.0
-    (again,) = store.lessons()
-    whys = [entry["why"] for entry in again.evidence]
-    assert any("asked for it again" in why for why in whys) and again.status == "rejected"
 
 
 def test_openclaw_lessons_command_lists_adds_shows_and_forgets(tmp_path: Path, tiny_tokenizer: Any) -> None:

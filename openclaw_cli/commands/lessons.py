@@ -3,7 +3,8 @@ the configured API key, or the server's one owner when it has no keys).
 
 - ``openclaw lessons`` / ``openclaw lessons list [--status active]``: every lesson with its status, where it came
   from, how many replies it shaped and its latest evidence (why it is where it is);
-- ``openclaw lessons show ID``: one lesson with all its evidence (verification trials, gap checks);
+- ``openclaw lessons show ID``: one lesson with all its evidence, in words (which of your prompts it was tried on,
+  what changed there, what it waits for; ``--json`` for the numbers);
 - ``openclaw lessons add TEXT``: teach one directly; served from the next request on;
 - ``openclaw lessons forget ID``: stop serving it and erase its text (weights already trained keep it until a
   rollback: the command says so).
@@ -28,6 +29,7 @@ from openclaw_cli.command_support import (
     command_settings,
     stdout_console,
 )
+from openclaw_cli.learn.lesson_story import explain_entry
 from openclaw_cli.proxy.lesson_routes import LESSONS_PATH
 
 lessons_app = typer.Typer(
@@ -103,7 +105,7 @@ def list_lessons(
 
 @lessons_app.command("show")
 def show_lesson(ctx: typer.Context, lesson_id: int, as_json: JsonOption = False) -> None:
-    """One lesson with all its evidence."""
+    """One lesson with all its evidence, in words: which prompts it was tried on, what changed, what it waits for."""
     lesson = call_server(ctx.obj, "GET", f"{LESSONS_PATH}/{lesson_id}")
     if as_json:
         typer.echo(json.dumps(lesson, indent=2))
@@ -113,10 +115,11 @@ def show_lesson(ctx: typer.Context, lesson_id: int, as_json: JsonOption = False)
     console.print(f"owner {lesson['owner']}; {lesson['origin']}; shaped {lesson.get('uses', 0)} replies")
     for entry in lesson.get("evidence", []):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.get("at", 0)))
-        extra = {k: v for k, v in entry.items() if k not in ("at", "status", "why")}
-        console.print(f"  {when}  {entry.get('status')}: {entry.get('why')}", soft_wrap=True)
-        if extra:
-            console.print(f"      {json.dumps(extra)}", soft_wrap=True, markup=False)
+        console.print(f"  {when}  {entry.get('status')}: {entry.get('why')}", soft_wrap=True, markup=False)
+        story = explain_entry(entry)
+        if story != entry.get("why"):
+            for line in story.splitlines():
+                console.print(f"      {line}", soft_wrap=True, markup=False)
 
 
 @lessons_app.command("add")

@@ -1,33 +1,44 @@
-"""The two measurements a lesson's life depends on.
+"""The two measurements a lesson's life depends on, and the rules that read them.
 
-**Verification** (candidate -> active, :func:`verify_candidate`). On a few recent prompts of the same owner that the
-correction did not come from, the frozen base model answers greedily twice: as served today (with the owner's
-active lessons, ``r0``) and with the candidate added (``r1``). The candidate is *verified* when, on a majority of those
-prompts,
+**One trial** (:func:`try_prompt`): on one of the owner's prompts, a model answers greedily as served today (with the
+owner's active lessons, ``r0``) and with the lesson added (``r1``). The frozen base model reading the user's original
+correction scores both: ``Δ(r) = log p(r | prompt + correction) - log p(r | prompt)`` (summed over the reply; the
+pointwise mutual information of reply and correction, so a reply is not preferred for being short). The trial's
+verdict:
 
-1. it changes the reply (``r1 != r0``; on none of them: it *duplicates* what is served already, and merges into the
-   active lesson whose words it shares most);
-2. the teacher that reads the original correction prefers ``r1``: ``Δ(r) = log p(r | prompt + correction) -
-   log p(r | prompt)`` (summed over the reply; the pointwise mutual information of reply and correction, so a reply is
-   not preferred for being short) is larger for ``r1`` than for ``r0`` by at least :data:`PREFERENCE_MARGIN` nats;
-3. ``r1`` stays a plausible answer to the plain prompt (mean log-probability under the base model at least
-   :data:`~openclaw_cli.learn.hindsight_demos.MIN_MEAN_LOGPROB`, the hindsight demonstrations' bar);
-4. nothing leaks from the correction: no content word of the lesson (four letters or more, or a number) appears in
-   ``r1`` unless the prompt or ``r0`` has it ("Canberra" turning up in an answer about photosynthesis).
+- ``leak``: a content word of the lesson (four letters or more, or a number) turns up in ``r1`` though neither the
+  prompt nor ``r0`` has it ("Canberra" in an answer about photosynthesis);
+- ``unchanged``: ``r1 == r0``: the lesson does not act on this prompt (a brevity lesson on a reply that is short
+  anyway). No evidence either way. ``covered`` when the lesson *would* change the plain reply on its own but adds
+  nothing beside the lessons served already: an active lesson already asks for the same;
+- ``helped``: ``Δ(r1) - Δ(r0) >=`` :data:`PREFERENCE_MARGIN` nats and ``r1`` stays a plausible answer to the plain
+  prompt (mean log-probability at least the hindsight demonstrations' bar);
+- ``hurt``: ``Δ(r1) - Δ(r0) <= -``:data:`PREFERENCE_MARGIN`, or ``r1`` is implausible;
+- ``indifferent``: changed, but the teacher hardly tells the two apart: no evidence either way.
 
-Any prompt that leaks rejects the candidate outright.
+On **the turn the correction answered**, ``r0`` is the reply the user actually corrected (not a fresh greedy one): the
+lesson must change exactly that answer, so it is the first prompt tried.
 
-**Retirement** (active -> retired, :func:`lesson_effect`). The same test with the *current policy* answering: on the
-owner's newest prompts that the trainer has not trained on yet and whose conversation holds no correction of form
-(so neither the weights nor the context were handed the answer), its greedy replies without the lesson and with it,
-scored by the base model reading the user's correction. The median of ``Δ(with) - Δ(without)`` (0 where the two
-replies are the same) is what the lesson still adds: at or below ``lessons.retire_gap`` the weights answer as it asks
-on their own and it retires; a retired lesson whose effect grows past ``lessons.return_gap`` comes back.
+**Verification** (candidate -> active, :func:`decide`) reads the verdicts of every prompt tried so far. A leak
+rejects outright. Otherwise only prompts where the lesson acts count: *verified* when it helped on more of them than
+it hurt (at least one), *rejected* when not; with none yet it is *inconclusive* and waits for a prompt where it can
+act, except that a lesson covered by an active one on some prompt is a *duplicate* (merged into it). A first version
+called every candidate that changed no reply a duplicate, with or without an active lesson; a user whose earlier
+replies were short anyway had their first brevity correction rejected that way and waited ten minutes on a timer.
+
+**Retirement** (active -> retired, :func:`lesson_effect`). The same trial with the *current policy* answering, on the
+owner's newest prompts that the trainer has not trained on yet, whose conversation holds no correction of form, and
+on which the lesson *acts* (the base model's trial there is ``helped``): a prompt whose plain reply already meets the
+lesson says nothing about what the weights learned. The median of ``Δ(with) - Δ(without)`` (0 where the two replies
+are the same) is what the lesson still adds. The keeper (:mod:`openclaw_cli.learn.lessons`) retires on several such
+checks in a row and brings a lesson back when it slips.
 
 A first version measured the log-probability gap of the replies the lesson had shaped, under the policy with and
 without it. In a 20-minute learning run it retired the lesson after 5 minutes (gap 0.99 nats) while held-out plain
 replies were still 27-33 words against 10-11 served: the trainer had just trained on exactly those turns (the
-demonstrations for their plain prompts), so the gap said "learned" for them and for nothing else.
+demonstrations for their plain prompts), so the gap said "learned" for them and for nothing else. A second version
+measured on any untrained prompt, three at a time, and retired on one passing check: prompts whose replies were short
+anyway said "learned", and the lesson retired and came back 5 to 8 times in 20 minutes.
 """
 
 from __future__ import annotations
@@ -36,9 +47,9 @@ import asyncio
 import logging
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from openclaw_cli.backend import BASE_VERSION, Backend, completion_logprobs
 from openclaw_cli.instructions import with_instruction
@@ -61,6 +72,10 @@ _COMMON_WORDS = (
 # Words of a lesson that say how to answer, not what about: never a topic leak.
 _COMMON = frozenset(_COMMON_WORDS.split())
 
+Verdict = Literal["leak", "unchanged", "covered", "helped", "hurt", "indifferent"]
+Outcome = Literal["verified", "duplicate", "rejected", "inconclusive"]
+ACTING: frozenset[str] = frozenset({"helped", "hurt"})  # the verdicts that are evidence for or against a lesson
+
 
 @dataclass
 class PromptTrial:
@@ -71,10 +86,26 @@ class PromptTrial:
     leaked: list[str]
     advantage: float  # Δ(r1) - Δ(r0), nats
     words: tuple[int, int]  # words of r0, r1
+    corrected: bool = False  # the turn the correction answered: r0 is the reply the user corrected
+    covered: bool = False  # unchanged beside the served lessons, though alone it changes the plain reply
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.leaked:
+            return "leak"
+        if not self.changed:
+            return "covered" if self.covered else "unchanged"
+        if self.preferred and self.plausible:
+            return "helped"
+        if self.advantage <= -PREFERENCE_MARGIN or not self.plausible:
+            return "hurt"
+        return "indifferent"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "turn": self.turn_id,
+            "verdict": self.verdict,
+            "corrected": self.corrected,
             "changed": self.changed,
             "preferred": self.preferred,
             "plausible": self.plausible,
@@ -86,7 +117,7 @@ class PromptTrial:
 
 @dataclass
 class Verification:
-    outcome: str  # verified | duplicate | rejected | inconclusive
+    outcome: Outcome
     why: str
     trials: list[PromptTrial] = field(default_factory=list)
 
@@ -114,30 +145,41 @@ async def _reply_logprob(backend: Backend, prompt: list[int], reply: list[int], 
     return await completion_logprobs(backend, prompt, reply, base=base)
 
 
-async def _trial(
+async def try_prompt(
     backend: Backend,
     turn: TurnRecord,
     served: Sequence[str],
-    candidate: str,
+    lesson: str,
     correction: str,
     max_tokens: int,
+    *,
     version: int | None = BASE_VERSION,
+    corrected: bool = False,
+    cover: bool = False,
 ) -> PromptTrial | None:
-    """One prompt: ``version``'s greedy replies without and with ``candidate`` (beside ``served``), scored by the
-    frozen base model reading ``correction``."""
+    """One prompt (see the module docstring): ``version``'s greedy replies without and with ``lesson`` (beside
+    ``served``), scored by the frozen base model reading ``correction``. ``corrected``: ``turn`` is the one the
+    correction answered, and its captured reply is ``r0``; ``cover``: when unchanged beside ``served``, also find
+    out whether it acts alone (two more greedy replies). None when the prompt cannot be tried."""
     tokenizer = backend.tokenizer()
     messages = turn.messages
     try:
         plain = tokenizer.render(messages, turn.tools)
         before = tokenizer.render(with_lessons(messages, list(served)), turn.tools)
-        after = tokenizer.render(with_lessons(messages, [*served, candidate]), turn.tools)
+        after = tokenizer.render(with_lessons(messages, [*served, lesson]), turn.tools)
         teacher = tokenizer.render(with_instruction(messages, correction), turn.tools)
     except Exception as exc:  # a conversation this template cannot render: not a usable prompt
-        log.debug("turn %d: cannot render for verification: %s", turn.id, exc)
+        log.debug("turn %d: cannot render for a lesson trial: %s", turn.id, exc)
         return None
-    (r0, text0), (r1, text1) = await asyncio.gather(
-        _greedy(backend, before, max_tokens, version), _greedy(backend, after, max_tokens, version)
-    )
+    corrected = corrected and bool(turn.completion_tokens)
+    if corrected:
+        r0 = list(turn.completion_tokens)
+        text0 = tokenizer.decode(r0).strip()
+        r1, text1 = await _greedy(backend, after, max_tokens, version)
+    else:
+        (r0, text0), (r1, text1) = await asyncio.gather(
+            _greedy(backend, before, max_tokens, version), _greedy(backend, after, max_tokens, version)
+        )
     scores = await asyncio.gather(
         _reply_logprob(backend, teacher, r0, base=True),
         _reply_logprob(backend, plain, r0, base=True),
@@ -150,7 +192,15 @@ async def _trial(
     advantage = (sum(t1) - sum(p1)) - (sum(t0) - sum(p0))
     plausible = bool(p1) and sum(p1) / len(p1) >= MIN_MEAN_LOGPROB
     known = content_words(_last_user_text(messages)) | content_words(text0)
-    leaked = sorted((content_words(candidate) & content_words(text1)) - known)
+    leaked = sorted((content_words(lesson) & content_words(text1)) - known)
+    covered = False
+    if cover and r0 == r1 and served:
+        # Unchanged beside the served lessons: does it act alone? Then an active lesson already asks for it.
+        (bare, _), (alone, _) = await asyncio.gather(
+            _greedy(backend, plain, max_tokens, version),
+            _greedy(backend, tokenizer.render(with_lessons(messages, [lesson]), turn.tools), max_tokens, version),
+        )
+        covered = alone != bare and r0 != bare
     return PromptTrial(
         turn_id=turn.id,
         changed=r0 != r1,
@@ -159,7 +209,57 @@ async def _trial(
         leaked=leaked,
         advantage=advantage,
         words=(len(text0.split()), len(text1.split())),
+        corrected=corrected,
+        covered=covered,
     )
+
+
+async def try_candidate(
+    backend: Backend,
+    candidate: str,
+    correction: str,
+    prompts: Sequence[TurnRecord],
+    served: Sequence[str],
+    *,
+    max_tokens: int,
+    corrected_turns: Iterable[int] = (),
+) -> list[PromptTrial]:
+    """The base model's trials of ``candidate`` on ``prompts`` (``served``: the owner's active lessons' texts;
+    ``corrected_turns``: the turns a correction answered, tried against the reply the user corrected)."""
+    answered = set(corrected_turns)
+    found = await asyncio.gather(
+        *(
+            try_prompt(
+                backend, turn, served, candidate, correction, max_tokens, corrected=turn.id in answered, cover=True
+            )
+            for turn in prompts
+        )
+    )
+    return [t for t in found if t is not None]
+
+
+def decide(trials: Sequence[PromptTrial]) -> Verification:
+    """What every trial of a candidate so far says (see the module docstring)."""
+    trials = list(trials)
+    if not trials:
+        return Verification("inconclusive", "no prompt of this owner could be tried yet")
+    leaks = sorted({word for t in trials for word in t.leaked})
+    if leaks:
+        return Verification("rejected", f"its topic leaks into other answers ({', '.join(leaks[:5])})", trials)
+    helped = sum(t.verdict == "helped" for t in trials)
+    hurt = sum(t.verdict == "hurt" for t in trials)
+    if helped + hurt == 0:
+        if any(t.verdict == "covered" for t in trials):
+            return Verification("duplicate", "a lesson served already asks for the same: it changes no reply", trials)
+        return Verification(
+            "inconclusive",
+            f"it made no difference the correction's reader cares about on the {len(trials)} prompts tried: "
+            "waiting for a prompt where it can act",
+            trials,
+        )
+    if helped > hurt:
+        return Verification("verified", f"helped on {helped} of {helped + hurt} prompts where it acts", trials)
+    return Verification("rejected", f"helped on only {helped} of {helped + hurt} prompts where it acts", trials)
 
 
 async def verify_candidate(
@@ -170,23 +270,13 @@ async def verify_candidate(
     served: Sequence[str],
     *,
     max_tokens: int,
+    corrected_turns: Iterable[int] = (),
 ) -> Verification:
-    """Try ``candidate`` on ``prompts`` (see the module docstring); ``served``: the owner's active lessons' texts."""
-    found = await asyncio.gather(
-        *(_trial(backend, turn, served, candidate, correction, max_tokens) for turn in prompts)
+    """Try ``candidate`` on ``prompts`` and decide on those trials alone (the keeper adds earlier ones)."""
+    trials = await try_candidate(
+        backend, candidate, correction, prompts, served, max_tokens=max_tokens, corrected_turns=corrected_turns
     )
-    trials = [t for t in found if t is not None]
-    if not trials:
-        return Verification("inconclusive", "no prompt of this owner could be tried")
-    leaks = sorted({word for t in trials for word in t.leaked})
-    if leaks:
-        return Verification("rejected", f"its topic leaks into other answers ({', '.join(leaks[:5])})", trials)
-    if not any(t.changed for t in trials):
-        return Verification("duplicate", "it changes no reply beyond what is served already", trials)
-    good = [t for t in trials if t.changed and t.preferred and t.plausible]
-    if 2 * len(good) > len(trials):
-        return Verification("verified", f"helped on {len(good)} of {len(trials)} other prompts", trials)
-    return Verification("rejected", f"helped on only {len(good)} of {len(trials)} other prompts", trials)
+    return decide(trials)
 
 
 async def lesson_effect(
@@ -198,11 +288,12 @@ async def lesson_effect(
     *,
     max_tokens: int,
 ) -> tuple[float, list[PromptTrial]] | None:
-    """What the lesson still adds to the *current policy*: on ``prompts``, its greedy replies without the lesson
-    (beside the owner's ``others``) and with it, and the median over prompts of ``Δ(with) - Δ(without)`` as the base
-    model reading ``correction`` scores them (0 when the replies are the same). None when no prompt could be tried."""
+    """What the lesson still adds to the *current policy*: on ``prompts`` (ones where it acts on the base model),
+    its greedy replies without the lesson (beside the owner's ``others``) and with it, and the median over prompts of
+    ``Δ(with) - Δ(without)`` as the base model reading ``correction`` scores them (0 when the replies are the same).
+    None when no prompt could be tried."""
     found = await asyncio.gather(
-        *(_trial(backend, turn, others, lesson, correction, max_tokens, version=None) for turn in prompts)
+        *(try_prompt(backend, turn, others, lesson, correction, max_tokens, version=None) for turn in prompts)
     )
     trials = [t for t in found if t is not None]
     if not trials:

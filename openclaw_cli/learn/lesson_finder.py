@@ -31,6 +31,7 @@ _FORM_CUES = re.compile(
             r"\b(concise|succinct|brief|briefly|terse|wordy|verbose|rambl\w*|long-winded)\b",
             r"\b(just|only) (give|tell|say|answer|reply|need|want|the)\b",
             r"\bget to the point\b",
+            r"\btl;? ?dr\b",
             r"\bno (need|fluff|preamble|intro\w*|filler|explanations?|essays?|lectures?)\b",
             r"\b(one|a single|single|a few|few|two|three|\d+) (short |brief )?(sentences?|words?|lines?|paragraphs?)\b",
             r"\b(bullet(ed)?( points?)?|numbered list|as a list|in a list|in a table|markdown|json|code blocks?|"

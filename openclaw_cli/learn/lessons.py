@@ -18,12 +18,27 @@ Opted-out exchanges are never stored, so they make no lessons; they are still se
 Text is redacted (``store.redact``, and API keys always) before it is stored.
 
 **The loop** (:meth:`LessonKeeper.run`, beside the judge and trainer loops): it claims ready main-line turns as the
-consumer ``lessons``, turns form corrections into candidates, verifies candidates on the owner's other recent prompts
-(:func:`~openclaw_cli.learn.lesson_checks.verify_candidate`), activates them (the proxy serves them from the next
-request on), and after each new policy version measures what every active and retired lesson still adds to the
-current policy (:func:`~openclaw_cli.learn.lesson_checks.lesson_effect`) to retire it or bring it back. An owner
-keeps at most ``lessons.max_active`` active lessons; a new one retires the oldest. A correction that repeats a
-retired lesson's words brings that lesson back.
+consumer ``lessons``, turns form corrections into candidates, verifies candidates, activates them (the proxy serves
+them from the next request on), and after each new policy version checks what every active and retired lesson still
+adds to the current policy, to retire it or bring it back. An owner keeps at most ``lessons.max_active`` active
+lessons; a new one retires the oldest.
+
+**Verification** (:func:`~openclaw_cli.learn.lesson_checks.decide`) tries a candidate first on the reply its
+correction answered (where it must change the answer), then on the owner's other recent prompts, each prompt once, and
+decides on every trial so far: only prompts where the lesson acts count. With none yet it waits (inconclusive) for the
+owner's next prompts; after :data:`MAX_QUIET_PROMPTS` prompts without a difference it is rejected.
+
+**Asking again is evidence.** The same correction again (the same words, or the same content words) adds its turn to
+the lesson's sources: a candidate is tried on it in the next round, a rejected lesson is re-opened at once, a retired
+one comes back. The cost stays bounded without a timer: each round tries at most ``lessons.verify_prompts`` new
+prompts per candidate, and a candidate is tried on each prompt once (again only when the owner's served lessons
+change), so a user who repeats a correction a hundred times costs a hundred trials at most, one per new turn.
+
+**Retirement** needs evidence that stands up: a check (after each new policy version) counts only when at least
+``lessons.verify_prompts`` untrained prompts of the owner are ones the lesson acts on (for the base model), and a
+lesson retires after ``lessons.retire_checks`` passing checks in a row, ``retire_checks`` more for each time it came
+back (:func:`checks_to_retire`). One passing check on three prompts, most of them short-answer prompts the lesson
+never acted on, retired a lesson 5 to 8 times in a 20-minute run, each time while its user still needed it.
 
 Consolidation (the distillation) happens in the trainer: a turn served with lessons is also trained as a hindsight
 demonstration for the same conversation without them (``lessons.consolidate``).
@@ -41,7 +56,14 @@ from typing import Any
 
 from openclaw_cli.backend import Backend
 from openclaw_cli.capture.redaction import Redactor, enabled_kinds
-from openclaw_cli.learn.lesson_checks import content_words, lesson_effect, verify_candidate
+from openclaw_cli.learn.lesson_checks import (
+    PromptTrial,
+    content_words,
+    decide,
+    lesson_effect,
+    try_candidate,
+    try_prompt,
+)
 from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
 from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError
 from openclaw_cli.settings import Settings
@@ -55,8 +77,9 @@ CONSUMER = "lessons"
 TRAINER_CONSUMER = "trainer"  # openclaw_cli.learn.trainer_loop.CONSUMER: turns it completed were trained on
 _WORDS = re.compile(r"[a-z0-9']+")
 LEASE_S = 600.0
-MAX_VERIFY_TRIES = 3
-RETRY_REJECTED_S = 600.0  # a rejected lesson asked for again is tried once more after this long
+# A candidate that made no difference on this many of its owner's prompts is rejected (nothing here for it to change);
+# the same correction again re-opens it at once.
+MAX_QUIET_PROMPTS = 12
 POLL_S = 1.0
 
 
@@ -90,7 +113,12 @@ class LessonKeeper:
         self.book = book
         self._redactor = Redactor({*enabled_kinds(settings.store.redact), "api_key"})
         self._checked_version: int | None = None
-        self._tries: dict[int, tuple[int, int]] = {}  # candidate -> (tries, newest owner turn seen at the last try)
+        # A candidate's trials so far, by turn, with the served lessons they were tried beside (their r0 holds only
+        # while those stay the same): each prompt is tried once per candidate.
+        self._trials: dict[int, tuple[tuple[str, ...], dict[int, PromptTrial | None]]] = {}
+        # Whether a lesson acts on a prompt for the frozen base model (beside the other served lessons): the
+        # retirement check's filter, worked out once per prompt.
+        self._acts: dict[tuple[int, tuple[str, ...]], dict[int, bool]] = {}
         self.stats: dict[str, Any] = {"found": 0, "verified": 0, "rejected": 0, "retired": 0, "returned": 0}
         self.last_error: str | None = None
 
@@ -207,31 +235,36 @@ class LessonKeeper:
     async def _candidate(
         self, owner: str, text: str, origin: str, turn: TurnRecord, *, correction: str | None = None
     ) -> LessonRecord | None:
-        """A new candidate, or the retired lesson with the same words brought back (the behaviour slipped).
-        ``correction``: the user's whole reply (redacted), which verification's teacher reads."""
+        """A new candidate; or, when the owner asked for the same before (the same words, or the same content
+        words), that lesson with this turn as new evidence: a candidate tries it next round, a rejected one is
+        re-opened at once, a retired one comes back. ``correction``: the user's whole reply (redacted), which the
+        trials' teacher reads."""
         lessons = await asyncio.to_thread(self.store.lessons, owner=owner)
         words = content_words(text)
         for lesson in lessons:
-            if lesson.status in ("active", "candidate") and lesson.text == text:
+            if lesson.status == "forgotten" or not _same_lesson(lesson.text, text, words):
+                continue
+            if lesson.status == "active":
                 return lesson
-            if lesson.status == "rejected" and lesson.text == text:
-                # The same words again: tried once more, but not on every repetition (each try costs replies).
-                if time.time() - lesson.updated_at < RETRY_REJECTED_S:
-                    return lesson
-                self._tries.pop(lesson.id, None)
+            if lesson.status == "candidate":
+                await asyncio.to_thread(self.store.add_lesson_sources, lesson.id, [turn.id])
+                return lesson
+            if lesson.status == "rejected":
+                await asyncio.to_thread(self.store.add_lesson_sources, lesson.id, [turn.id])
                 return await asyncio.to_thread(
                     self.store.set_lesson_status,
                     lesson.id,
                     "candidate",
-                    f"the user asked for it again (turn {turn.id}): tried once more",
+                    f"you asked for it again (turn {turn.id}): tried again on that reply",
                     expect=["rejected"],
                 )
-            if lesson.status == "retired" and _same_lesson(lesson.text, text, words):
+            if lesson.status == "retired":
                 back = await asyncio.to_thread(
                     self.store.set_lesson_status,
                     lesson.id,
                     "active",
                     f"the user corrected the same thing again (turn {turn.id}): back in the prompt",
+                    data={"returned": True, "returns": returns_of(lesson) + 1},
                     expect=["retired"],
                 )
                 self.stats["returned"] += 1
@@ -259,25 +292,45 @@ class LessonKeeper:
             busy = await self.verify(lesson) or busy
         return busy
 
-    async def verify(self, lesson: LessonRecord) -> bool:
-        """Try one candidate (when its owner has prompts it has not been tried on); returns whether it ran."""
+    async def _untried_prompts(self, lesson: LessonRecord, tried: dict[int, PromptTrial | None]) -> list[TurnRecord]:
+        """Up to ``lessons.verify_prompts`` prompts the candidate has not been tried on: the turns its corrections
+        answered first (where it must change the answer), then the owner's newest other main-line turns."""
         cfg = self.settings.lessons
-        source_ids = set(lesson.source_turn_ids)
-        source = await asyncio.to_thread(self.store.get_turn, min(source_ids)) if source_ids else None
+        answered = [
+            turn
+            for turn_id in sorted(set(lesson.source_turn_ids), reverse=True)
+            if (turn := await asyncio.to_thread(self.store.get_turn, turn_id)) is not None
+        ]
         recent = await asyncio.to_thread(self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts)
-        prompts = [t for t in recent if _usable_prompt(t, source)][: cfg.verify_prompts]
-        newest = max((t.id for t in recent), default=0)
-        tries, seen = self._tries.get(lesson.id, (0, -1))
-        if not prompts or newest == seen:
+        others = [t for t in recent if all(_usable_prompt(t, source) for source in answered)]
+        return [t for t in [*answered, *others] if t.id not in tried][: cfg.verify_prompts]
+
+    async def verify(self, lesson: LessonRecord) -> bool:
+        """Try one candidate on prompts it has not been tried on yet, and decide on every trial so far (see
+        :func:`~openclaw_cli.learn.lesson_checks.decide`). Returns whether it tried any."""
+        served = tuple(a.text for a in self.book.for_owner(lesson.owner))
+        known, tried = self._trials.get(lesson.id, (served, {}))
+        if known != served:
+            tried = {}  # the served lessons changed: the earlier trials' "as served" replies no longer hold
+        prompts = await self._untried_prompts(lesson, tried)
+        if not prompts:
             return False  # nothing (new) to try it on yet
-        served = [a.text for a in self.book.for_owner(lesson.owner)]
         started = time.monotonic()
-        result = await verify_candidate(
-            self.backend, lesson.text, _correction_of(lesson), prompts, served, max_tokens=cfg.verify_max_tokens
+        new = await try_candidate(
+            self.backend,
+            lesson.text,
+            _correction_of(lesson),
+            prompts,
+            served,
+            max_tokens=self.settings.lessons.verify_max_tokens,
+            corrected_turns=lesson.source_turn_ids,
         )
+        tried.update({turn.id: None for turn in prompts})  # one that could not be tried is not tried again
+        tried.update({trial.turn_id: trial for trial in new})
+        self._trials[lesson.id] = (served, tried)
+        trials = [t for t in tried.values() if t is not None]
+        result = decide(trials)
         data = {"verification": result.to_json(), "seconds": round(time.monotonic() - started, 1)}
-        tries += 1
-        self._tries[lesson.id] = (tries, newest)
         if result.outcome == "verified":
             await asyncio.to_thread(
                 self.store.set_lesson_status, lesson.id, "active", result.why, data=data, expect=["candidate"]
@@ -288,8 +341,10 @@ class LessonKeeper:
             log.info("lesson %d active: %s", lesson.id, result.why)
         elif result.outcome == "duplicate":
             await self._merge(lesson, data)
-        elif result.outcome == "rejected" or tries >= MAX_VERIFY_TRIES:
-            why = result.why if result.outcome == "rejected" else f"still unverified after {tries} tries: {result.why}"
+        elif result.outcome == "rejected" or len(tried) >= MAX_QUIET_PROMPTS:
+            why = result.why
+            if result.outcome != "rejected":
+                why = f"it made no difference on any of the {len(tried)} prompts tried: nothing here for it to change"
             await asyncio.to_thread(
                 self.store.set_lesson_status, lesson.id, "rejected", why, data=data, expect=["candidate"]
             )
@@ -329,9 +384,10 @@ class LessonKeeper:
             )
 
     async def check_retirement(self) -> bool:
-        """Measure what every active and retired lesson (with at least ``lessons.min_shaped`` turns shaped) still adds
-        to the current policy (:func:`~openclaw_cli.learn.lesson_checks.lesson_effect`); retire the learned ones,
-        bring back the slipped ones."""
+        """After a new policy version: measure what every active and retired lesson (with at least
+        ``lessons.min_shaped`` turns shaped) still adds to the current policy on prompts where it acts
+        (:func:`~openclaw_cli.learn.lesson_checks.lesson_effect`); retire the learned ones after enough passing
+        checks in a row (:func:`checks_to_retire`), bring back the slipped ones. Returns whether any was checked."""
         cfg = self.settings.lessons
         lessons = await asyncio.to_thread(self.store.lessons, statuses=["active", "retired"])
         version = self.backend.current_version().version
@@ -339,46 +395,107 @@ class LessonKeeper:
         for lesson in lessons:
             if lesson.uses < cfg.min_shaped:
                 continue
-            recent = await asyncio.to_thread(
-                self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts, not_done_by=TRAINER_CONSUMER
-            )
-            prompts = [turn for turn in recent if not _told_in_context(turn)][: cfg.verify_prompts]
-            others = [a.text for a in self.book.for_owner(lesson.owner) if a.id != lesson.id]
+            others = tuple(a.text for a in self.book.for_owner(lesson.owner) if a.id != lesson.id)
+            prompts = await self._acting_prompts(lesson, others)
+            if len(prompts) < cfg.verify_prompts:
+                if lesson.status != "active":
+                    continue
+                await self._note_check(
+                    lesson,
+                    f"too few untrained prompts where it acts to judge ({len(prompts)} of {cfg.verify_prompts})",
+                    {"check": "few", "policy_version": version, "acting_prompts": len(prompts)},
+                )
+                continue
             measured = await lesson_effect(
-                self.backend, lesson.text, _correction_of(lesson), prompts, others, max_tokens=cfg.verify_max_tokens
+                self.backend,
+                lesson.text,
+                _correction_of(lesson),
+                prompts[: cfg.verify_prompts],
+                others,
+                max_tokens=cfg.verify_max_tokens,
             )
             if measured is None:
                 continue
             checked = True
             effect, trials = measured
+            passed = effect <= cfg.retire_gap
             data = {
                 "effect": round(effect, 3),
+                "check": "pass" if passed else "fail",
                 "policy_version": version,
+                "returns": returns_of(lesson),
                 "trials": [t.to_json() for t in trials],
             }
-            if lesson.status == "active" and effect <= cfg.retire_gap:
-                why = (
-                    f"learned: on {len(trials)} untrained prompts the policy without it answers about as it does with "
-                    f"it (effect {effect:.2f} nats <= lessons.retire_gap {cfg.retire_gap})"
-                )
-                await asyncio.to_thread(
-                    self.store.set_lesson_status, lesson.id, "retired", why, data=data, expect=["active"]
-                )
-                self.stats["retired"] += 1
-                changed = True
-                log.info("lesson %d retired at version %d (effect %.2f)", lesson.id, version, effect)
-            elif lesson.status == "retired" and effect > cfg.return_gap:
+            if lesson.status == "active":
+                changed = await self._judge_active(lesson, effect, passed, version, data) or changed
+            elif effect > cfg.return_gap:
                 why = f"slipped: its effect grew to {effect:.2f} nats (> lessons.return_gap {cfg.return_gap})"
                 await asyncio.to_thread(
-                    self.store.set_lesson_status, lesson.id, "active", why, data=data, expect=["retired"]
+                    self.store.set_lesson_status,
+                    lesson.id,
+                    "active",
+                    why,
+                    data={**data, "returned": True, "returns": returns_of(lesson) + 1},
+                    expect=["retired"],
                 )
                 self.stats["returned"] += 1
                 changed = True
             else:
-                await asyncio.to_thread(self.store.note_lesson, lesson.id, f"effect {effect:.2f} nats", data)
+                await self._note_check(lesson, f"effect {effect:.2f} nats: still learned", data)
         if changed:
             await self.book.refresh()
         return checked
+
+    async def _judge_active(
+        self, lesson: LessonRecord, effect: float, passed: bool, version: int, data: dict[str, Any]
+    ) -> bool:
+        """Record an active lesson's check; retire it once enough checks in a row passed. Returns whether it
+        retired."""
+        cfg = self.settings.lessons
+        streak = passing_streak(lesson) + 1 if passed else 0
+        needed = checks_to_retire(lesson, cfg.retire_checks)
+        if streak < needed:
+            what = f"passing check {streak} of {needed} in a row" if passed else "not learned yet"
+            await self._note_check(lesson, f"effect {effect:.2f} nats: {what}", data)
+            return False
+        why = (
+            f"learned: {needed} checks in a row, the last on {len(data['trials'])} untrained prompts where it acts, "
+            f"found the policy without it answering about as it does with it (effect {effect:.2f} nats <= "
+            f"lessons.retire_gap {cfg.retire_gap})"
+        )
+        await asyncio.to_thread(self.store.set_lesson_status, lesson.id, "retired", why, data=data, expect=["active"])
+        self.stats["retired"] += 1
+        log.info("lesson %d retired at version %d (effect %.2f)", lesson.id, version, effect)
+        return True
+
+    async def _note_check(self, lesson: LessonRecord, why: str, data: dict[str, Any]) -> None:
+        """Evidence of a check; the same "too few prompts" again is not written twice in a row (the evidence keeps
+        its newest entries, and a quiet owner would fill it with that line)."""
+        last = lesson.evidence[-1] if lesson.evidence else {}
+        if data.get("check") == "few" and last.get("why") == why:
+            return
+        await asyncio.to_thread(self.store.note_lesson, lesson.id, why, {**data, "returns": returns_of(lesson)})
+
+    async def _acting_prompts(self, lesson: LessonRecord, others: tuple[str, ...]) -> list[TurnRecord]:
+        """The owner's newest prompts that the trainer has not trained on, whose conversation holds no correction of
+        form, and on which the lesson acts for the frozen base model (its trial there is ``helped``), newest first.
+        Each prompt's base trial is run once (at most ``2 * lessons.verify_prompts`` new ones a check)."""
+        cfg = self.settings.lessons
+        recent = await asyncio.to_thread(
+            self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts, not_done_by=TRAINER_CONSUMER
+        )
+        prompts = [turn for turn in recent if not _told_in_context(turn)]
+        acts = self._acts.setdefault((lesson.id, others), {})
+        fresh = [turn for turn in prompts if turn.id not in acts][: 2 * cfg.verify_prompts]
+        found = await asyncio.gather(
+            *(
+                try_prompt(self.backend, turn, others, lesson.text, _correction_of(lesson), cfg.verify_max_tokens)
+                for turn in fresh
+            )
+        )
+        for turn, trial in zip(fresh, found, strict=True):
+            acts[turn.id] = trial is not None and trial.verdict == "helped"
+        return [turn for turn in prompts if acts.get(turn.id)]
 
     def status(self) -> dict[str, Any]:
         """For /v1/openclaw/status and the dashboard: counts by status and the active lessons (blocking read)."""
@@ -387,6 +504,32 @@ class LessonKeeper:
             for lesson in self.store.lessons(statuses=["active"])
         ]
         return {"counts": self.store.lesson_counts(), "active": active, **self.stats, "last_error": self.last_error}
+
+
+def passing_streak(lesson: LessonRecord) -> int:
+    """Passing retirement checks in a row at the end of the lesson's evidence (a check with too few prompts neither
+    counts nor breaks it; a failing check, a change of status or the user asking again ends it)."""
+    streak = 0
+    for entry in reversed(lesson.evidence):
+        check = entry.get("check")
+        if check == "few":
+            continue
+        if check != "pass" or entry.get("status") != lesson.status:
+            break
+        streak += 1
+    return streak
+
+
+def checks_to_retire(lesson: LessonRecord, per_round: int) -> int:
+    """Passing checks in a row a lesson needs to retire: ``lessons.retire_checks``, and as many more for each time
+    it came back (hysteresis: a lesson that retired too early once must show more before it leaves again)."""
+    return per_round * (1 + returns_of(lesson))
+
+
+def returns_of(lesson: LessonRecord) -> int:
+    """How often the lesson came back after retiring (every check and return records the count, so it outlives the
+    evidence kept)."""
+    return max((int(entry.get("returns", 0)) for entry in lesson.evidence), default=0)
 
 
 def _correction_of(lesson: LessonRecord) -> str:

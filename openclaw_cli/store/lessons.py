@@ -137,6 +137,16 @@ class LessonLedger(StoreBase):
         one of the ``expect`` statuses (someone changed it first). ``text`` replaces its text (forgetting)."""
         return self._append_evidence(lesson_id, why, data, status=status, expect=expect, text=text, now=now)
 
+    def add_lesson_sources(self, lesson_id: int, turn_ids: Sequence[int]) -> None:
+        """More turns whose correction asked for this lesson (each a prompt it is tried on first)."""
+        with self.transaction():
+            row = self._conn.execute("SELECT source_turn_ids FROM lessons WHERE id = ?", (lesson_id,)).fetchone()
+            if row is None:
+                return
+            known = json.loads(row[0])
+            merged = [*known, *(t for t in turn_ids if t not in known)]
+            self._conn.execute("UPDATE lessons SET source_turn_ids = ? WHERE id = ?", (dumps_json(merged), lesson_id))
+
     def note_lesson(self, lesson_id: int, why: str, data: dict[str, Any] | None = None) -> LessonRecord | None:
         """Evidence that changed nothing (a check that found the lesson not learned yet)."""
         return self._append_evidence(lesson_id, why, data)

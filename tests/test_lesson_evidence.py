@@ -1,0 +1,209 @@
+"""A lesson's evidence comes from prompts where it can act: the reply the user corrected counts first, prompts whose
+replies are short anyway count for nothing (neither "duplicate" nor "learned"), asking again is new evidence at once,
+and retirement needs several passing checks in a row, more after each return (no flapping)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lesson_helpers import LESSON, LONG, SHORT, ScriptedPolicy, record_conversation, served_exchange
+
+from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.lesson_story import explain_entry
+from openclaw_cli.learn.lessons import LessonKeeper, checks_to_retire, load_active
+from openclaw_cli.lesson_prompt import LessonBook
+from openclaw_cli.settings import Settings
+from openclaw_cli.store import Store
+
+SHORT_ANYWAY = "(short) What is 2 + 2?"  # the scripted policy answers it SHORT, lesson or not
+
+
+@pytest.fixture
+def parts(tmp_path: Path, tiny_tokenizer: Any) -> Any:
+    store = Store(tmp_path / "store.sqlite3")
+    settings = Settings()
+    settings.lessons.min_shaped = 2
+    capture = SessionCapture(store, settings)
+    policy = ScriptedPolicy(tiny_tokenizer)
+    keeper = LessonKeeper(store, policy, settings, LessonBook(load_active(store)))  # type: ignore[arg-type]
+    keeper._checked_version = policy.current_version().version  # run_once finds and verifies; tests check retirement
+    yield store, capture, policy, keeper
+    store.close()
+
+
+def _short_first(capture: SessionCapture, tokenizer: Any, n: int = 2) -> None:
+    """The user's first conversations: questions whose replies are short anyway."""
+    for i in range(n):
+        record_conversation(capture, tokenizer, f"{SHORT_ANYWAY} ({i})", SHORT, f"Thanks! Next question {i}.")
+
+
+async def test_the_reported_order_short_answers_a_fact_correction_then_a_form_correction(
+    parts: Any, tiny_tokenizer: Any
+) -> None:
+    """The report: two short-answer prompts, a fact correction, then a form correction of a long reply. The lesson
+    is active after one round of the loop: the corrected reply is where it acts, the short ones are no evidence."""
+    store, capture, _, keeper = parts
+    _short_first(capture, tiny_tokenizer)
+    record_conversation(capture, tiny_tokenizer, f"{SHORT_ANYWAY} (capital)", SHORT, "No, the capital is Canberra.")
+    await keeper.run_once()
+    assert store.lessons() == []  # a fact correction is no lesson
+    record_conversation(capture, tiny_tokenizer, "Why is the sky blue?", LONG, LESSON)
+    await keeper.run_once()
+    (lesson,) = store.lessons()
+    assert lesson.status == "active", lesson.evidence
+    trials = lesson.evidence[-1]["verification"]["trials"]
+    corrected = [t for t in trials if t["corrected"]]
+    assert len(corrected) == 1 and corrected[0]["verdict"] == "helped"
+    assert corrected[0]["words"] == [len(LONG.split()), len(SHORT.split())]  # r0: the reply the user corrected
+    assert {t["verdict"] for t in trials if not t["corrected"]} == {"unchanged"}
+    assert "helped on 1 of 1 prompts where it acts" in lesson.evidence[-1]["why"]
+
+
+async def test_no_difference_anywhere_waits_instead_of_duplicating_and_acts_on_the_next_long_reply(
+    parts: Any, tiny_tokenizer: Any
+) -> None:
+    """Feedback text on a short reply, with only short-answer prompts: inconclusive (not a duplicate: no lesson is
+    active), it stays a candidate, is not tried again on the same prompts, and the owner's next long reply verifies
+    it."""
+    store, capture, policy, keeper = parts
+    _short_first(capture, tiny_tokenizer, 3)
+    turn_id = store.owner_turns("local", 1)[0].id
+    await keeper.feedback(turn_id, -1, "Please be more concise.")
+    await keeper.run_once()
+    (lesson,) = store.lessons()
+    assert lesson.status == "candidate"
+    assert "waiting for a prompt where it can act" in lesson.evidence[-1]["why"]
+    await keeper.run_once()  # the owner's other three prompts (lessons.verify_prompts a round)
+    assert len(store.get_lesson(lesson.id).evidence[-1]["verification"]["trials"]) == 6
+    asked = policy.samples
+    await keeper.run_once()  # nothing new: no trial repeated
+    assert policy.samples == asked and store.get_lesson(lesson.id).status == "candidate"
+    record_conversation(capture, tiny_tokenizer, "How do airplanes fly?", LONG, "Thanks.")
+    await keeper.run_once()
+    assert store.get_lesson(lesson.id).status == "active"
+
+
+async def test_a_repeated_correction_reopens_a_rejected_lesson_at_once_on_the_new_reply(
+    parts: Any, tiny_tokenizer: Any
+) -> None:
+    store, capture, _policy, keeper = parts
+    lesson_id = store.add_lesson(
+        "local",
+        "Don't apologize so much.",
+        status="rejected",
+        origin="correction",
+        why="helped on only 0 of 1 prompts where it acts",
+    )
+    _short_first(capture, tiny_tokenizer)
+    # Not the same words: the same content words ("apologize"; "please", "much" are words of form).
+    record_conversation(capture, tiny_tokenizer, "Why do we have seasons?", LONG, "Please don't apologize!")
+    await keeper.run_once()
+    lesson = store.get_lesson(lesson_id)
+    assert lesson.status == "active", lesson.evidence
+    assert any("you asked for it again" in e["why"] for e in lesson.evidence)
+    assert len(store.lessons()) == 1 and lesson.source_turn_ids  # no second candidate
+
+
+async def test_repeating_a_correction_costs_one_trial_per_new_prompt(parts: Any, tiny_tokenizer: Any) -> None:
+    """The bound on re-verification: each round tries at most lessons.verify_prompts new prompts of a candidate, and
+    no prompt twice."""
+    store, capture, policy, keeper = parts
+    keeper.settings.lessons.verify_prompts = 2
+    _short_first(capture, tiny_tokenizer, 4)
+    asked = policy.samples
+    for i in range(5):  # the same wish on short replies (which it cannot change): the candidate keeps waiting
+        record_conversation(capture, tiny_tokenizer, f"{SHORT_ANYWAY} again {i}", SHORT, "Be more concise.")
+        await keeper.run_once()
+    (lesson,) = store.lessons()
+    assert lesson.status == "candidate" and len(lesson.source_turn_ids) == 5
+    trials = lesson.evidence[-1]["verification"]["trials"]
+    tried = [t["turn"] for t in trials]
+    assert len(tried) == len(set(tried)) <= 2 * 5
+    # A trial is two greedy replies, one on a corrected reply (r0 is the reply the user corrected).
+    assert policy.samples - asked == sum(1 if t["corrected"] else 2 for t in trials)
+
+
+async def test_retirement_counts_only_prompts_where_the_lesson_acts(parts: Any, tiny_tokenizer: Any) -> None:
+    """An owner whose untrained prompts all have short answers anyway: the weights look "learned" there (the
+    replies are the same with and without the lesson), but that is no evidence, and the lesson stays."""
+    store, capture, _policy, keeper = parts
+    lesson = await keeper.add("local", LESSON)
+    served = [{"id": lesson.id, "text": LESSON}]
+    for i in range(4):
+        messages = [{"role": "user", "content": f"{SHORT_ANYWAY} served {i}"}]
+        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    for _ in range(3):
+        await keeper.check_retirement()
+    kept = store.get_lesson(lesson.id)
+    assert kept.status == "active"
+    assert "too few untrained prompts where it acts" in kept.evidence[-1]["why"]
+    assert sum("too few" in e["why"] for e in kept.evidence) == 1  # said once, not once per check
+
+
+async def test_a_lesson_that_came_back_needs_more_passing_checks(parts: Any, tiny_tokenizer: Any) -> None:
+    store, capture, policy, keeper = parts
+    lesson = await keeper.add("local", LESSON)
+    served = [{"id": lesson.id, "text": LESSON}]
+    for i in range(3):
+        messages = [{"role": "user", "content": f"Served question {i}?"}]
+        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    policy.learned = True
+    for _ in range(2):
+        await keeper.check_retirement()
+    assert store.get_lesson(lesson.id).status == "retired"
+    # The user corrects the same thing again: back at once, and now it needs twice the passing checks.
+    record_conversation(capture, tiny_tokenizer, "What is the capital of France?", LONG, LESSON)
+    await keeper.run_once()
+    back = store.get_lesson(lesson.id)
+    assert back.status == "active" and checks_to_retire(back, 2) == 4
+    for i in range(3):  # new untrained prompts (the trainer has trained on none)
+        messages = [{"role": "user", "content": f"Later question {i}?"}]
+        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    for expected in ("active", "active", "active", "retired"):
+        await keeper.check_retirement()
+        assert store.get_lesson(lesson.id).status == expected
+    # Back again (now 6 in a row); a failing check in between starts the count again.
+    record_conversation(capture, tiny_tokenizer, "And Spain?", LONG, LESSON)
+    await keeper.run_once()
+    statuses = []
+    for learned in [True, True, False, True, True, True, True, True, True]:
+        policy.learned = learned
+        await keeper.check_retirement()
+        statuses.append(store.get_lesson(lesson.id).status)
+    assert statuses == ["active"] * 8 + ["retired"]
+
+
+def test_lessons_show_explains_a_wait_and_a_rejection_in_words() -> None:
+    waiting = {
+        "status": "candidate",
+        "why": "not verified yet: ...",
+        "verification": {
+            "outcome": "inconclusive",
+            "trials": [
+                {"turn": 7, "verdict": "unchanged", "corrected": False, "words": [6, 6], "advantage": 0.0},
+                {"turn": 9, "verdict": "indifferent", "corrected": True, "words": [8, 7], "advantage": 0.1},
+            ],
+        },
+    }
+    text = explain_entry(waiting)
+    assert "turn 9 (the reply you corrected): 8 -> 7 words" in text
+    assert "turn 7: the same reply with it (6 words)" in text
+    assert "waiting for" in text.lower()
+    rejected = {
+        "status": "rejected",
+        "why": "helped on only 0 of 2 prompts where it acts",
+        "verification": {
+            "outcome": "rejected",
+            "trials": [
+                {"turn": 3, "verdict": "hurt", "corrected": False, "words": [30, 4], "advantage": -1.2},
+                {"turn": 4, "verdict": "leak", "corrected": False, "words": [30, 12], "leaked": ["canberra"]},
+            ],
+        },
+    }
+    text = explain_entry(rejected)
+    assert "worse" in text and "canberra" in text
+    assert "say it again" in text.lower()
+    check = {"status": "active", "check": "few", "acting_prompts": 1, "why": "too few ..."}
+    assert "1 of your untrained prompts" in explain_entry(check)
