@@ -1,5 +1,7 @@
-"""One correction, on the real embedded model: verified on the user's other prompts and served from the next request,
-it shortens a held-out reply at once (before any training step)."""
+"""One correction, on the real embedded model, in the order of the report behind the lesson rules: the user's first
+questions have short answers anyway (one gets a fact correction), then a long reply gets a correction of form. The
+lesson is verified on the reply it corrected in one round of the lesson loop, and served from the next request it
+shortens held-out replies at once (before any training step)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ pytestmark = [
     ),
 ]
 
+FACT = "No, not approximately: a week has exactly seven days."
 SCRIPT = json.loads((Path(__file__).resolve().parents[1] / "bench" / "scripts" / "brevity.json").read_text())
 
 
@@ -47,18 +50,29 @@ async def test_one_correction_shortens_the_next_held_out_reply(tmp_path: Path) -
             return result.text
 
         system = {"role": "system", "content": SCRIPT["system"]}
-        for question in list(SCRIPT["questions"])[1:4]:  # the user's earlier conversations: what verification tries on
-            await exchange([system, {"role": "user", "content": question}])
-        first = [system, {"role": "user", "content": next(iter(SCRIPT["questions"]))}]
+        keeper = lesson_keeper(store, backend, settings)
+        # The user's first conversations: short answers anyway, the second with a fact correction.
+        for question, answer in (
+            ("What is the capital of Germany?", "Thanks."),
+            ("How many days are in a week?", FACT),
+        ):
+            first = [system, {"role": "user", "content": question}]
+            reply = await exchange(first)
+            assert len(reply.split()) <= 20, reply  # short anyway: a brevity lesson has nothing to change here
+            await exchange([*first, {"role": "assistant", "content": reply}, {"role": "user", "content": answer}])
+        await keeper.run_once()
+        assert store.lessons() == []  # a fact correction is no lesson
+        first = [system, {"role": "user", "content": "Why is the sky blue?"}]
         reply = await exchange(first)
+        assert len(reply.split()) > 20, reply
         await exchange(
             [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": SCRIPT["correction"]}]
         )
-
-        keeper = lesson_keeper(store, backend, settings)
         await keeper.run_once()
         (lesson,) = store.lessons()
         assert lesson.status == "active", lesson.evidence
+        corrected = [t for t in lesson.evidence[-1]["verification"]["trials"] if t["corrected"]]
+        assert [t["verdict"] for t in corrected] == ["helped"], lesson.evidence[-1]
         served = [item.text for item in keeper.book.for_owner("local")]
 
         def words(text: str) -> int:
