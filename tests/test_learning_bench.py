@@ -84,3 +84,67 @@ def test_judged_reactions_reads_the_verdict_of_each_turn_by_its_next_state(bench
             return verdicts[turn_id]
 
     assert bench.judged_reactions(FakeStore()) == [("correction", -0.7), ("thanks", 0.4)]
+
+
+SCRIPT_FILES = sorted((BENCH.parent / "scripts").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SCRIPT_FILES, ids=lambda p: p.stem)
+def test_every_scripted_user_corrects_form_as_a_lesson_and_facts_never(bench: ModuleType, path: Path) -> None:
+    from openclaw_cli.learn.lesson_finder import lesson_from_reply
+
+    script = bench.Script.load(path)
+    assert all(lesson_from_reply(line, 300) for line in script.form_corrections)
+    # A fact line as the users send it: alone, or followed by the next question.
+    sent = [
+        line for fact in script.fact_lines for q in script.questions for line in (fact, f"{fact} Next question: {q}")
+    ]
+    assert [line for line in sent if lesson_from_reply(line, 300)] == []
+
+
+def test_the_scripts_cover_the_users_the_rules_must_hold_for() -> None:
+    names = {path.stem for path in SCRIPT_FILES}
+    assert {"brevity", "terse", "short-first", "mixed", "some-long", "reworded"} <= names
+
+
+async def test_a_scripted_user_opens_rewords_and_lets_some_long_replies_go(bench: ModuleType) -> None:
+    """The users' behaviour the new scripts rely on, against a client that always answers long."""
+    import asyncio
+    import types
+
+    long_reply = " ".join(["word"] * 40)
+    sent: list[str] = []
+    stop = asyncio.Event()
+
+    class Client:
+        async def post(self, path: str, json: dict, headers: dict) -> types.SimpleNamespace:
+            sent.append(json["messages"][-1]["content"])
+            if len(sent) >= 12:
+                stop.set()
+            body = {"choices": [{"message": {"content": long_reply}}]}
+            return types.SimpleNamespace(status_code=200, json=lambda: body)
+
+    script = bench.Script(
+        system="s",
+        instruction="i",
+        correction="tl;dr?",
+        wrong="w",
+        thanks="thanks {question}",
+        questions={"Q1?": ("a",), "Q2?": ("b",)},
+        held_out={"H?": ("c",)},
+        corrections=("tl;dr?", "Too much text."),
+        correct_share=0.5,
+        opening=(bench.Opening("Short?", ("x",), "No, it is X."),),
+    )
+    original, bench.SCRIPT = bench.SCRIPT, script
+    try:
+        args = types.SimpleNamespace(seed=0, turns=4, max_tokens=8, max_words=20)
+        observed = bench.Observed()
+        await bench.scripted_user(Client(), 0, args, observed, stop)
+    finally:
+        bench.SCRIPT = original
+    assert sent[0] == "Short?" and sent[1].startswith("No, it is X. Next question: ")
+    corrections = [line for line in sent if line in script.corrections]
+    assert corrections[:2] == ["tl;dr?", "Too much text."]  # the wish reworded, in turn
+    assert any(line.startswith("OK. Next question:") for line in sent)  # some long replies let go
+    assert observed.first_correction_at is not None
