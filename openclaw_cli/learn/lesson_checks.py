@@ -16,8 +16,10 @@ verdict:
 - ``hurt``: ``Δ(r1) - Δ(r0) <= -``:data:`PREFERENCE_MARGIN`, or ``r1`` is implausible;
 - ``indifferent``: changed, but the teacher hardly tells the two apart: no evidence either way.
 
-On **the turn the correction answered**, ``r0`` is the reply the user actually corrected (not a fresh greedy one): the
-lesson must change exactly that answer, so it is the first prompt tried.
+**The turn the correction answered** is the first prompt tried: the lesson must change the answer there. Its ``r0``
+is the greedy reply as served today, not the reply the user corrected: that one was sampled (often at a temperature),
+and a new greedy reply differs from it whether or not the lesson does anything, so a lesson that repeats an active
+one would look like it helped.
 
 **Verification** (candidate -> active, :func:`decide`) reads the verdicts of every prompt tried so far. A leak
 rejects outright. Otherwise only prompts where the lesson acts count: *verified* when it helped on more of them than
@@ -86,7 +88,7 @@ class PromptTrial:
     leaked: list[str]
     advantage: float  # Δ(r1) - Δ(r0), nats
     words: tuple[int, int]  # words of r0, r1
-    corrected: bool = False  # the turn the correction answered: r0 is the reply the user corrected
+    corrected: bool = False  # the turn a correction answered
     covered: bool = False  # unchanged beside the served lessons, though alone it changes the plain reply
 
     @property
@@ -158,8 +160,8 @@ async def try_prompt(
     cover: bool = False,
 ) -> PromptTrial | None:
     """One prompt (see the module docstring): ``version``'s greedy replies without and with ``lesson`` (beside
-    ``served``), scored by the frozen base model reading ``correction``. ``corrected``: ``turn`` is the one the
-    correction answered, and its captured reply is ``r0``; ``cover``: when unchanged beside ``served``, also find
+    ``served``), scored by the frozen base model reading ``correction``. ``corrected``: ``turn`` is the one a
+    correction answered (recorded with the trial); ``cover``: when unchanged beside ``served``, also find
     out whether it acts alone (two more greedy replies). None when the prompt cannot be tried."""
     tokenizer = backend.tokenizer()
     messages = turn.messages
@@ -171,15 +173,9 @@ async def try_prompt(
     except Exception as exc:  # a conversation this template cannot render: not a usable prompt
         log.debug("turn %d: cannot render for a lesson trial: %s", turn.id, exc)
         return None
-    corrected = corrected and bool(turn.completion_tokens)
-    if corrected:
-        r0 = list(turn.completion_tokens)
-        text0 = tokenizer.decode(r0).strip()
-        r1, text1 = await _greedy(backend, after, max_tokens, version)
-    else:
-        (r0, text0), (r1, text1) = await asyncio.gather(
-            _greedy(backend, before, max_tokens, version), _greedy(backend, after, max_tokens, version)
-        )
+    (r0, text0), (r1, text1) = await asyncio.gather(
+        _greedy(backend, before, max_tokens, version), _greedy(backend, after, max_tokens, version)
+    )
     scores = await asyncio.gather(
         _reply_logprob(backend, teacher, r0, base=True),
         _reply_logprob(backend, plain, r0, base=True),
@@ -225,7 +221,7 @@ async def try_candidate(
     corrected_turns: Iterable[int] = (),
 ) -> list[PromptTrial]:
     """The base model's trials of ``candidate`` on ``prompts`` (``served``: the owner's active lessons' texts;
-    ``corrected_turns``: the turns a correction answered, tried against the reply the user corrected)."""
+    ``corrected_turns``: the turns a correction answered)."""
     answered = set(corrected_turns)
     found = await asyncio.gather(
         *(

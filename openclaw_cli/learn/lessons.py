@@ -336,11 +336,13 @@ class LessonKeeper:
                 self.store.set_lesson_status, lesson.id, "active", result.why, data=data, expect=["candidate"]
             )
             self.stats["verified"] += 1
+            self._trials.pop(lesson.id, None)
             await self._enforce_budget(lesson.owner, keep=lesson.id)
             await self.book.refresh()
             log.info("lesson %d active: %s", lesson.id, result.why)
         elif result.outcome == "duplicate":
             await self._merge(lesson, data)
+            self._trials.pop(lesson.id, None)
         elif result.outcome == "rejected" or len(tried) >= MAX_QUIET_PROMPTS:
             why = result.why
             if result.outcome != "rejected":
@@ -485,7 +487,9 @@ class LessonKeeper:
             self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts, not_done_by=TRAINER_CONSUMER
         )
         prompts = [turn for turn in recent if not _told_in_context(turn)]
-        acts = self._acts.setdefault((lesson.id, others), {})
+        known = self._acts.get((lesson.id, others), {})
+        # Only the prompts still in the window are kept: the cache stays as small as the window.
+        acts = self._acts[(lesson.id, others)] = {t.id: known[t.id] for t in prompts if t.id in known}
         fresh = [turn for turn in prompts if turn.id not in acts][: 2 * cfg.verify_prompts]
         found = await asyncio.gather(
             *(
