@@ -513,6 +513,14 @@ def test_openclaw_lessons_command_lists_adds_shows_and_forgets(tmp_path: Path, t
         assert [x["text"] for x in json.loads(listed.output)["lessons"]] == [LESSON]
         shown = runner.invoke(cli_app, ["lessons", "--port", port, "show", "1"], env=env)
         assert "taught directly by the user" in shown.output
+        trial = {"turn": 4, "verdict": "unchanged", "corrected": True, "words": [6, 6], "advantage": 0.0}
+        waiting = store.add_lesson(
+            key_owner("sk-cli-0123456789"), "Be brief.", status="candidate", origin="feedback", why="x"
+        )
+        store.note_lesson(waiting, "not verified yet", {"verification": {"outcome": "inconclusive", "trials": [trial]}})
+        explained = runner.invoke(cli_app, ["lessons", "--port", port, "show", str(waiting)], env=env)
+        assert "turn 4 (the reply you corrected): the same reply with it (6 words)" in explained.output
+        assert "Waiting for a prompt of yours whose reply it would change" in " ".join(explained.output.split())
         missing = runner.invoke(cli_app, ["lessons", "--port", port, "show", "9"], env=env)
         assert missing.exit_code == 2 and "no lesson 9" in missing.output
         forgotten = runner.invoke(cli_app, ["lessons", "--port", port, "forget", "1"], env=env)
