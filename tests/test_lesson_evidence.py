@@ -164,6 +164,14 @@ async def test_a_lesson_that_came_back_needs_more_passing_checks(parts: Any, tin
     for expected in ("active", "active", "active", "retired"):
         await keeper.check_retirement()
         assert store.get_lesson(lesson.id).status == expected
+    # A correction of a reply served while it was still active is no sign that it is missing: it stays retired.
+    first = [{"role": "user", "content": "Served before it retired?"}]
+    capture.record_sync(served_exchange(tiny_tokenizer, first, LONG, lessons=served))
+    again = [*first, {"role": "assistant", "content": LONG}, {"role": "user", "content": LESSON}]
+    capture.record_sync(served_exchange(tiny_tokenizer, again, SHORT, lessons=served))
+    await keeper.run_once()
+    stays = store.get_lesson(lesson.id)
+    assert stays.status == "retired" and "served while it was active" in stays.evidence[-1]["why"]
     # Back again (now 6 in a row); a failing check in between starts the count again.
     record_conversation(capture, tiny_tokenizer, "And Spain?", LONG, LESSON)
     await keeper.run_once()

@@ -65,7 +65,7 @@ from openclaw_cli.learn.lesson_checks import (
     try_prompt,
 )
 from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
-from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError
+from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError, served_lessons
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
 from openclaw_cli.store.lessons import FORGOTTEN_TEXT, LessonRecord
@@ -237,8 +237,8 @@ class LessonKeeper:
     ) -> LessonRecord | None:
         """A new candidate; or, when the owner asked for the same before (the same words, or the same content
         words), that lesson with this turn as new evidence: a candidate tries it next round, a rejected one is
-        re-opened at once, a retired one comes back. ``correction``: the user's whole reply (redacted), which the
-        trials' teacher reads."""
+        re-opened at once, a retired one comes back (unless the corrected reply was served with it).
+        ``correction``: the user's whole reply (redacted), which the trials' teacher reads."""
         lessons = await asyncio.to_thread(self.store.lessons, owner=owner)
         words = content_words(text)
         for lesson in lessons:
@@ -259,6 +259,15 @@ class LessonKeeper:
                     expect=["rejected"],
                 )
             if lesson.status == "retired":
+                if lesson.id in {lesson_id for lesson_id, _ in served_lessons(turn)}:
+                    # The corrected reply was served with it (it retired meanwhile): no sign that it is missing.
+                    await asyncio.to_thread(
+                        self.store.note_lesson,
+                        lesson.id,
+                        f"the user corrected turn {turn.id}, served while it was active: it stays retired",
+                        {"returns": returns_of(lesson)},
+                    )
+                    return lesson
                 back = await asyncio.to_thread(
                     self.store.set_lesson_status,
                     lesson.id,
