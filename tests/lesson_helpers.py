@@ -3,11 +3,16 @@ two turns, and a scripted policy that follows a lesson block."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from openclaw_cli.capture import CapturedExchange
 from openclaw_cli.capture.sessions import SessionCapture
-from openclaw_cli.lesson_prompt import INSTRUCTION_HEADER, with_lessons
+from openclaw_cli.learn.lessons import LessonKeeper, load_active
+from openclaw_cli.lesson_prompt import INSTRUCTION_HEADER, LessonBook, with_lessons
+from openclaw_cli.settings import Settings
+from openclaw_cli.store import Store
 from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
 
 LESSON = "Too wordy. Just give me the key fact."
@@ -97,3 +102,22 @@ def record_conversation(capture: SessionCapture, tokenizer: Any, question: str, 
     capture.record_sync(served_exchange(tokenizer, first, reply))
     second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": next_user}]
     capture.record_sync(served_exchange(tokenizer, second, reply))
+
+
+def keeper_with_policy(tmp_path: Path, tokenizer: Any) -> Iterator[tuple[Store, SessionCapture, ScriptedPolicy, Any]]:
+    """A lesson keeper over a fresh store and a :class:`ScriptedPolicy` (``lessons.min_shaped = 2``), for a fixture
+    to yield: (store, capture, policy, keeper)."""
+    store = Store(tmp_path / "store.sqlite3")
+    settings = Settings()
+    settings.lessons.min_shaped = 2
+    policy = ScriptedPolicy(tokenizer)
+    keeper = LessonKeeper(store, policy, settings, LessonBook(load_active(store)))  # type: ignore[arg-type]
+    yield store, SessionCapture(store, settings), policy, keeper
+    store.close()
+
+
+def record_served(capture: SessionCapture, tokenizer: Any, questions: list[str], lesson: Any, reply: str) -> None:
+    """One first-turn exchange per question, each served with ``lesson`` (a stored lesson) and answered ``reply``."""
+    served = [{"id": lesson.id, "text": lesson.text}]
+    for question in questions:
+        capture.record_sync(served_exchange(tokenizer, [{"role": "user", "content": question}], reply, lessons=served))

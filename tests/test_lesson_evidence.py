@@ -8,29 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lesson_helpers import LESSON, LONG, SHORT, ScriptedPolicy, record_conversation, served_exchange
+from lesson_helpers import LESSON, LONG, SHORT, keeper_with_policy, record_conversation, record_served, served_exchange
 
 from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_story import explain_entry
-from openclaw_cli.learn.lessons import LessonKeeper, checks_to_retire, load_active
-from openclaw_cli.lesson_prompt import LessonBook
-from openclaw_cli.settings import Settings
-from openclaw_cli.store import Store
+from openclaw_cli.learn.lessons import checks_to_retire
 
 SHORT_ANYWAY = "(short) What is 2 + 2?"  # the scripted policy answers it SHORT, lesson or not
 
 
 @pytest.fixture
 def parts(tmp_path: Path, tiny_tokenizer: Any) -> Any:
-    store = Store(tmp_path / "store.sqlite3")
-    settings = Settings()
-    settings.lessons.min_shaped = 2
-    capture = SessionCapture(store, settings)
-    policy = ScriptedPolicy(tiny_tokenizer)
-    keeper = LessonKeeper(store, policy, settings, LessonBook(load_active(store)))  # type: ignore[arg-type]
-    keeper._checked_version = policy.current_version().version  # run_once finds and verifies; tests check retirement
-    yield store, capture, policy, keeper
-    store.close()
+    for found in keeper_with_policy(tmp_path, tiny_tokenizer):
+        _, _, policy, keeper = found
+        keeper._checked_version = policy.current_version().version  # run_once finds and verifies; tests check retiring
+        yield found
 
 
 def _short_first(capture: SessionCapture, tokenizer: Any, n: int = 2) -> None:
@@ -130,10 +122,7 @@ async def test_retirement_counts_only_prompts_where_the_lesson_acts(parts: Any, 
     replies are the same with and without the lesson), but that is no evidence, and the lesson stays."""
     store, capture, _policy, keeper = parts
     lesson = await keeper.add("local", LESSON)
-    served = [{"id": lesson.id, "text": LESSON}]
-    for i in range(4):
-        messages = [{"role": "user", "content": f"{SHORT_ANYWAY} served {i}"}]
-        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    record_served(capture, tiny_tokenizer, [f"{SHORT_ANYWAY} served {i}" for i in range(4)], lesson, SHORT)
     for _ in range(3):
         await keeper.check_retirement()
     kept = store.get_lesson(lesson.id)
@@ -146,9 +135,7 @@ async def test_a_lesson_that_came_back_needs_more_passing_checks(parts: Any, tin
     store, capture, policy, keeper = parts
     lesson = await keeper.add("local", LESSON)
     served = [{"id": lesson.id, "text": LESSON}]
-    for i in range(3):
-        messages = [{"role": "user", "content": f"Served question {i}?"}]
-        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    record_served(capture, tiny_tokenizer, [f"Served question {i}?" for i in range(3)], lesson, SHORT)
     policy.learned = True
     for _ in range(2):
         await keeper.check_retirement()
@@ -158,9 +145,7 @@ async def test_a_lesson_that_came_back_needs_more_passing_checks(parts: Any, tin
     await keeper.run_once()
     back = store.get_lesson(lesson.id)
     assert back.status == "active" and checks_to_retire(back, 2) == 4
-    for i in range(3):  # new untrained prompts (the trainer has trained on none)
-        messages = [{"role": "user", "content": f"Later question {i}?"}]
-        capture.record_sync(served_exchange(tiny_tokenizer, messages, SHORT, lessons=served))
+    record_served(capture, tiny_tokenizer, [f"Later question {i}?" for i in range(3)], lesson, SHORT)  # untrained
     for expected in ("active", "active", "active", "retired"):
         await keeper.check_retirement()
         assert store.get_lesson(lesson.id).status == expected

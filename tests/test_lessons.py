@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from lesson_helpers import LESSON, LONG, SHORT, ScriptedPolicy, served_exchange
+from lesson_helpers import LESSON, LONG, SHORT, ScriptedPolicy, keeper_with_policy, served_exchange
 from lesson_helpers import record_conversation as _conversation
 
 from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
-from openclaw_cli.learn.lessons import LessonKeeper, load_active
+from openclaw_cli.learn.lessons import load_active
 from openclaw_cli.lesson_prompt import INSTRUCTION_HEADER, ActiveLesson, LessonBook, key_owner
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store
@@ -166,15 +166,7 @@ def test_a_version_3_store_migrates_and_keeps_its_turns(tmp_path: Path) -> None:
 # --- keeper with a scripted policy ---------------------------------------------------------------------------------
 @pytest.fixture
 def keeper_parts(tmp_path: Path, tiny_tokenizer: Any) -> Any:
-    store = Store(tmp_path / "store.sqlite3")
-    settings = Settings()
-    settings.lessons.min_shaped = 2
-    capture = SessionCapture(store, settings)
-    policy = ScriptedPolicy(tiny_tokenizer)
-    book = LessonBook(load_active(store))
-    keeper = LessonKeeper(store, policy, settings, book)  # type: ignore[arg-type]
-    yield store, capture, policy, keeper
-    store.close()
+    yield from keeper_with_policy(tmp_path, tiny_tokenizer)
 
 
 def _questions(capture: SessionCapture, tokenizer: Any, n: int = 3) -> None:

@@ -258,23 +258,6 @@ def decide(trials: Sequence[PromptTrial]) -> Verification:
     return Verification("rejected", f"helped on only {helped} of {helped + hurt} prompts where it acts", trials)
 
 
-async def verify_candidate(
-    backend: Backend,
-    candidate: str,
-    correction: str,
-    prompts: Sequence[TurnRecord],
-    served: Sequence[str],
-    *,
-    max_tokens: int,
-    corrected_turns: Iterable[int] = (),
-) -> Verification:
-    """Try ``candidate`` on ``prompts`` and decide on those trials alone (the keeper adds earlier ones)."""
-    trials = await try_candidate(
-        backend, candidate, correction, prompts, served, max_tokens=max_tokens, corrected_turns=corrected_turns
-    )
-    return decide(trials)
-
-
 async def lesson_effect(
     backend: Backend,
     lesson: str,
