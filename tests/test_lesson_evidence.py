@@ -11,6 +11,7 @@ import pytest
 from lesson_helpers import LESSON, LONG, SHORT, keeper_with_policy, record_conversation, record_served, served_exchange
 
 from openclaw_cli.capture.sessions import SessionCapture
+from openclaw_cli.learn.lesson_checks import PromptTrial, decide
 from openclaw_cli.learn.lesson_story import explain_entry
 from openclaw_cli.learn.lessons import checks_to_retire
 
@@ -200,3 +201,29 @@ def test_lessons_show_explains_a_wait_and_a_rejection_in_words() -> None:
     assert "say it again" in text.lower()
     check = {"status": "active", "check": "few", "acting_prompts": 1, "why": "too few ..."}
     assert "1 of your untrained prompts" in explain_entry(check)
+
+
+def _trial(turn_id: int, verdict: str, *, corrected: bool = False) -> PromptTrial:
+    helped, hurt = verdict == "helped", verdict == "hurt"
+    return PromptTrial(turn_id, True, helped, True, [], 1.0 if helped else -1.0 if hurt else 0.0, (30, 10), corrected)
+
+
+def test_a_tie_is_broken_by_the_reply_the_user_corrected() -> None:
+    assert decide([_trial(1, "helped", corrected=True), _trial(2, "hurt")]).outcome == "verified"
+    assert decide([_trial(1, "hurt", corrected=True), _trial(2, "helped")]).outcome == "rejected"
+    assert decide([_trial(1, "helped"), _trial(2, "hurt")]).outcome == "rejected"
+    assert decide([_trial(1, "indifferent"), _trial(2, "unchanged")]).outcome == "inconclusive"
+
+
+async def test_a_conversation_already_told_is_not_a_prompt_to_verify_on(parts: Any, tiny_tokenizer: Any) -> None:
+    """A turn whose conversation already holds a correction of form follows that correction: it cannot show what
+    another lesson does (the corrected turns themselves are tried)."""
+    store, capture, _, keeper = parts
+    record_conversation(capture, tiny_tokenizer, "Why is the sky blue?", LONG, "Way too long.")
+    await keeper.run_once()
+    record_conversation(capture, tiny_tokenizer, "How do magnets work?", LONG, "Use bullet points from now on.")
+    await keeper.run_once()
+    bullets = next(lesson for lesson in store.lessons() if "bullet" in lesson.text)
+    tried = {t["turn"] for t in bullets.evidence[-1]["verification"]["trials"]}
+    told = {turn.id for turn in store.owner_turns("local", 10) if len(turn.messages) > 1}
+    assert tried and not tried & told

@@ -24,7 +24,9 @@ one would look like it helped.
 **Verification** (candidate -> active, :func:`decide`) reads the verdicts of every prompt tried so far. A leak
 rejects outright. Otherwise only prompts where the lesson acts count: *verified* when it helped on more of them than
 it hurt (at least one), *rejected* when not; with none yet it is *inconclusive* and waits for a prompt where it can
-act, except that a lesson covered by an active one on some prompt is a *duplicate* (merged into it). A first version
+act, except that a lesson covered by an active one on some prompt is a *duplicate* (merged into it). A tie is
+broken by the turns the corrections answered: verified when one of them helped and none hurt (the user's own reply
+is the prompt that matters most). A first version
 called every candidate that changed no reply a duplicate, with or without an active lesson; a user whose earlier
 replies were short anyway had their first brevity correction rejected that way and waited ten minutes on a timer.
 
@@ -255,6 +257,13 @@ def decide(trials: Sequence[PromptTrial]) -> Verification:
         )
     if helped > hurt:
         return Verification("verified", f"helped on {helped} of {helped + hurt} prompts where it acts", trials)
+    answered = {t.verdict for t in trials if t.corrected}
+    if helped == hurt and "helped" in answered and "hurt" not in answered:
+        return Verification(
+            "verified",
+            f"helped on {helped} of {helped + hurt} prompts where it acts, the reply you corrected among them",
+            trials,
+        )
     return Verification("rejected", f"helped on only {helped} of {helped + hurt} prompts where it acts", trials)
 
 

@@ -311,7 +311,11 @@ class LessonKeeper:
             if (turn := await asyncio.to_thread(self.store.get_turn, turn_id)) is not None
         ]
         recent = await asyncio.to_thread(self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts)
-        others = [t for t in recent if all(_usable_prompt(t, source) for source in answered)]
+        # Not a conversation that already holds a correction of form: its reply follows that correction, so it
+        # cannot show what this lesson does (measured: such a turn's short reply made a candidate look implausible).
+        others = [
+            t for t in recent if not _told_in_context(t) and all(_usable_prompt(t, source) for source in answered)
+        ]
         return [t for t in [*answered, *others] if t.id not in tried][: cfg.verify_prompts]
 
     async def verify(self, lesson: LessonRecord) -> bool:
