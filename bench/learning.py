@@ -678,17 +678,22 @@ def served_goal(point: TimelinePoint, told: HeldOut) -> bool:
 
 
 def lesson_life(result: RunResult) -> tuple[int, float, list[str]]:
-    """(retirements, minutes any lesson was active, the lessons born of a fact correction) in a run."""
+    """(retirements, minutes at least one lesson was active, the lessons born of a fact correction) in a run."""
     retirements = sum(1 for e in result.lessons if e["status"] == "retired")
-    active = 0.0
+    end = max([result.minutes, *(e["minute"] for e in result.lessons)])
+    spans: list[tuple[float, float]] = []
     by_lesson: dict[int, list[dict[str, Any]]] = {}
     for event in result.lessons:
         by_lesson.setdefault(event["id"], []).append(event)
     for events in by_lesson.values():
-        ends = [e["minute"] for e in events[1:]] + [result.minutes]
-        active += sum(
-            max(0.0, end - e["minute"]) for e, end in zip(events, ends, strict=True) if e["status"] == "active"
-        )
+        ends = [e["minute"] for e in events[1:]] + [end]
+        spans += [(e["minute"], stop) for e, stop in zip(events, ends, strict=True) if e["status"] == "active"]
+    active, covered_to = 0.0, 0.0  # the union of the spans: two lessons active at once count once
+    for start, stop in sorted(spans):
+        start = max(start, covered_to)
+        if stop > start:
+            active += stop - start
+            covered_to = stop
     facts = sorted(
         {
             e["text"]
@@ -717,8 +722,8 @@ def lesson_verdict(result: RunResult, told: HeldOut) -> tuple[bool, bool, str]:
         f"first correction {first} min, served in the goal at {'never' if effect is None else f'{effect:.2f} min'} "
         f"({'ok' if fast else 'FAIL'}); retired at {'never' if retired is None else f'{retired:.2f} min'}"
         f"{'' if retired is None else ', served after it ' + ('ok' if kept else 'FAIL')}; "
-        f"{retirements} retirements ({'ok' if retirements <= MAX_RETIREMENTS else 'FAIL'}), active {active:.1f} of "
-        f"{result.minutes:g} min; lessons from fact corrections: {len(facts)} ({'ok' if not facts else 'FAIL'})"
+        f"{retirements} retirements ({'ok' if retirements <= MAX_RETIREMENTS else 'FAIL'}), a lesson active "
+        f"{active:.1f} min; lessons from fact corrections: {len(facts)} ({'ok' if not facts else 'FAIL'})"
     )
     return fast and not facts, kept, line
 

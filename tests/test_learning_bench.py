@@ -148,3 +148,16 @@ async def test_a_scripted_user_opens_rewords_and_lets_some_long_replies_go(bench
     assert corrections[:2] == ["tl;dr?", "Too much text."]  # the wish reworded, in turn
     assert any(line.startswith("OK. Next question:") for line in sent)  # some long replies let go
     assert observed.first_correction_at is not None
+
+
+def test_lesson_life_counts_retirements_overlapping_active_minutes_once_and_fact_lessons(bench: ModuleType) -> None:
+    fact = bench.SCRIPT.wrong
+    events = [
+        {"id": 1, "minute": 1.0, "status": "active", "text": "Be brief.", "correction": "Too long."},
+        {"id": 2, "minute": 2.0, "status": "active", "text": "Shorter.", "correction": "Shorter."},
+        {"id": 1, "minute": 4.0, "status": "retired", "text": "Be brief.", "correction": "Too long."},
+        {"id": 2, "minute": 3.0, "status": "retired", "text": "Shorter.", "correction": "Shorter."},
+        {"id": 3, "minute": 4.5, "status": "candidate", "text": "Try again.", "correction": fact},
+    ]
+    result = bench.RunResult(0, "policy", bench.HeldOut([], 0, 0, 0), 1, 0, 5.0, lessons=events)
+    assert bench.lesson_life(result) == (2, 3.0, ["Try again."])
