@@ -26,9 +26,9 @@ rejects outright. Otherwise only prompts where the lesson acts count: *verified*
 it hurt (at least one), *rejected* when not; with none yet it is *inconclusive* and waits for a prompt where it can
 act, except that a lesson covered by an active one on some prompt is a *duplicate* (merged into it). A tie is
 broken by the turns the corrections answered: verified when one of them helped and none hurt (the user's own reply
-is the prompt that matters most). A first version
-called every candidate that changed no reply a duplicate, with or without an active lesson; a user whose earlier
-replies were short anyway had their first brevity correction rejected that way and waited ten minutes on a timer.
+is the prompt that matters most). A first version called every candidate that changed no reply a duplicate, with or
+without an active lesson; a user whose earlier replies were short anyway had their first brevity correction rejected
+that way and waited ten minutes on a timer.
 
 **Retirement** (active -> retired, :func:`lesson_effect`). The same trial with the *current policy* answering, on the
 owner's newest prompts that the trainer has not trained on yet, whose conversation holds no correction of form, and
@@ -78,7 +78,6 @@ _COMMON = frozenset(_COMMON_WORDS.split())
 
 Verdict = Literal["leak", "unchanged", "covered", "helped", "hurt", "indifferent"]
 Outcome = Literal["verified", "duplicate", "rejected", "inconclusive"]
-ACTING: frozenset[str] = frozenset({"helped", "hurt"})  # the verdicts that are evidence for or against a lesson
 
 
 @dataclass

@@ -261,12 +261,8 @@ class LessonKeeper:
             if lesson.status == "retired":
                 if lesson.id in {lesson_id for lesson_id, _ in served_lessons(turn)}:
                     # The corrected reply was served with it (it retired meanwhile): no sign that it is missing.
-                    await asyncio.to_thread(
-                        self.store.note_lesson,
-                        lesson.id,
-                        f"the user corrected turn {turn.id}, served while it was active: it stays retired",
-                        {"returns": returns_of(lesson)},
-                    )
+                    why = f"the user corrected turn {turn.id}, served while it was active: it stays retired"
+                    await self._note(lesson, why, {})
                     return lesson
                 back = await asyncio.to_thread(
                     self.store.set_lesson_status,
@@ -305,12 +301,13 @@ class LessonKeeper:
         """Up to ``lessons.verify_prompts`` prompts the candidate has not been tried on: the turns its corrections
         answered first (where it must change the answer), then the owner's newest other main-line turns."""
         cfg = self.settings.lessons
+        recent = await asyncio.to_thread(self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts)
+        by_id = {turn.id: turn for turn in recent}  # most answered turns are recent: read only the older ones
         answered = [
             turn
             for turn_id in sorted(set(lesson.source_turn_ids), reverse=True)
-            if (turn := await asyncio.to_thread(self.store.get_turn, turn_id)) is not None
+            if (turn := by_id.get(turn_id) or await asyncio.to_thread(self.store.get_turn, turn_id)) is not None
         ]
-        recent = await asyncio.to_thread(self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts)
         # Not a conversation that already holds a correction of form: its reply follows that correction, so it
         # cannot show what this lesson does (measured: such a turn's short reply made a candidate look implausible).
         others = [
@@ -415,7 +412,7 @@ class LessonKeeper:
             if len(prompts) < cfg.verify_prompts:
                 if lesson.status != "active":
                     continue
-                await self._note_check(
+                await self._note(
                     lesson,
                     f"too few untrained prompts where it acts to judge ({len(prompts)} of {cfg.verify_prompts})",
                     {"check": "few", "policy_version": version, "acting_prompts": len(prompts)},
@@ -456,7 +453,7 @@ class LessonKeeper:
                 self.stats["returned"] += 1
                 changed = True
             else:
-                await self._note_check(lesson, f"effect {effect:.2f} nats: still learned", data)
+                await self._note(lesson, f"effect {effect:.2f} nats: still learned", data)
         if changed:
             await self.book.refresh()
         return checked
@@ -471,7 +468,7 @@ class LessonKeeper:
         needed = checks_to_retire(lesson, cfg.retire_checks)
         if streak < needed:
             what = f"passing check {streak} of {needed} in a row" if passed else "not learned yet"
-            await self._note_check(lesson, f"effect {effect:.2f} nats: {what}", data)
+            await self._note(lesson, f"effect {effect:.2f} nats: {what}", data)
             return False
         why = (
             f"learned: {needed} checks in a row, the last on {len(data['trials'])} untrained prompts where it acts, "
@@ -483,9 +480,10 @@ class LessonKeeper:
         log.info("lesson %d retired at version %d (effect %.2f)", lesson.id, version, effect)
         return True
 
-    async def _note_check(self, lesson: LessonRecord, why: str, data: dict[str, Any]) -> None:
-        """Evidence of a check; the same "too few prompts" again is not written twice in a row (the evidence keeps
-        its newest entries, and a quiet owner would fill it with that line)."""
+    async def _note(self, lesson: LessonRecord, why: str, data: dict[str, Any]) -> None:
+        """Evidence that changes no status, with the lesson's count of returns carried (so it outlives the evidence
+        kept); the same "too few prompts" again is not written twice in a row (the evidence keeps its newest entries,
+        and a quiet owner would fill it with that line)."""
         last = lesson.evidence[-1] if lesson.evidence else {}
         if data.get("check") == "few" and last.get("why") == why:
             return
