@@ -453,7 +453,7 @@ async def measure_timeline(
     minutes: float,
     max_tokens: int,
     stop: asyncio.Event,
-    observed: Observed | None = None,
+    observed: Observed,
 ) -> list[TimelinePoint]:
     """The held-out questions served and plain at each of :data:`TIMELINE_MINUTES` after 0 inside the run, and once
     :data:`AFTER_FIRST_CORRECTION_S` after the users' first correction of form (so a run whose first correction comes
@@ -462,7 +462,7 @@ async def measure_timeline(
     followed_up = False
     points: list[TimelinePoint] = []
     while not stop.is_set():
-        corrected = observed.first_correction_at if observed is not None else None
+        corrected = observed.first_correction_at
         follow_up = None if followed_up or corrected is None else corrected + AFTER_FIRST_CORRECTION_S
         due = [*marks, *([follow_up] if follow_up is not None else [])]
         if not due:
