@@ -91,6 +91,8 @@ class PromptTrial:
     words: tuple[int, int]  # words of r0, r1
     corrected: bool = False  # the turn a correction answered
     covered: bool = False  # unchanged beside the served lessons, though alone it changes the plain reply
+    # Tried in place of older lessons of the same kind: the worst Δ(r1) - Δ(r0) by their own corrections' readers.
+    guard: float | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -98,9 +100,10 @@ class PromptTrial:
             return "leak"
         if not self.changed:
             return "covered" if self.covered else "unchanged"
-        if self.preferred and self.plausible:
+        guard_hurt = self.guard is not None and self.guard <= -PREFERENCE_MARGIN
+        if self.preferred and self.plausible and not guard_hurt:
             return "helped"
-        if self.advantage <= -PREFERENCE_MARGIN or not self.plausible:
+        if self.advantage <= -PREFERENCE_MARGIN or not self.plausible or guard_hurt:
             return "hurt"
         return "indifferent"
 
@@ -115,6 +118,7 @@ class PromptTrial:
             "leaked": self.leaked,
             "advantage": round(self.advantage, 3),
             "words": list(self.words),
+            **({"guard": round(self.guard, 3)} if self.guard is not None else {}),
         }
 
 
@@ -159,40 +163,44 @@ async def try_prompt(
     version: int | None = BASE_VERSION,
     corrected: bool = False,
     cover: bool = False,
+    replacing: Sequence[str] = (),
+    guards: Sequence[str] = (),
 ) -> PromptTrial | None:
-    """One prompt (see the module docstring): ``version``'s greedy replies without and with ``lesson`` (beside
-    ``served``), scored by the frozen base model reading ``correction``. ``corrected``: ``turn`` is the one a
-    correction answered (recorded with the trial); ``cover``: when unchanged beside ``served``, also find
-    out whether it acts alone (two more greedy replies). None when the prompt cannot be tried."""
+    """One prompt (see the module docstring): ``version``'s greedy replies as ``served`` and with ``lesson`` added
+    (in place of the ``replacing`` lessons among them), scored by the frozen base model reading ``correction`` (and,
+    as ``guard``, reading each of ``guards``, the replaced lessons' corrections). ``corrected``: ``turn`` is the one
+    a correction answered (recorded with the trial); ``cover``: when unchanged, also find out whether it acts alone
+    (two more greedy replies). None when the prompt cannot be tried."""
     tokenizer = backend.tokenizer()
     messages = turn.messages
+    kept = [text for text in served if text not in replacing]
     try:
         plain = tokenizer.render(messages, turn.tools)
         before = tokenizer.render(with_lessons(messages, list(served)), turn.tools)
-        after = tokenizer.render(with_lessons(messages, [*served, lesson]), turn.tools)
-        teacher = tokenizer.render(with_instruction(messages, correction), turn.tools)
+        after = tokenizer.render(with_lessons(messages, [*kept, lesson]), turn.tools)
+        readers = [tokenizer.render(with_instruction(messages, text), turn.tools) for text in (correction, *guards)]
     except Exception as exc:  # a conversation this template cannot render: not a usable prompt
         log.debug("turn %d: cannot render for a lesson trial: %s", turn.id, exc)
         return None
     (r0, text0), (r1, text1) = await asyncio.gather(
         _greedy(backend, before, max_tokens, version), _greedy(backend, after, max_tokens, version)
     )
-    scores = await asyncio.gather(
-        _reply_logprob(backend, teacher, r0, base=True),
-        _reply_logprob(backend, plain, r0, base=True),
-        _reply_logprob(backend, teacher, r1, base=True),
-        _reply_logprob(backend, plain, r1, base=True),
+    found = await asyncio.gather(
+        *(_reply_logprob(backend, context, r, base=True) for context in (plain, *readers) for r in (r0, r1))
     )
-    if any(s is None for s in scores):
+    if any(score is None for score in found):
         return None
-    t0, p0, t1, p1 = (s or [] for s in scores)
-    advantage = (sum(t1) - sum(p1)) - (sum(t0) - sum(p0))
+    sums = [sum(score or []) for score in found]
+    # Per reader: Δ(r1) - Δ(r0), with Δ(r) = log p(r | reader) - log p(r | plain).
+    gains = [(sums[i + 1] - sums[1]) - (sums[i] - sums[0]) for i in range(2, len(sums), 2)]
+    p1 = found[1] or []
     plausible = bool(p1) and sum(p1) / len(p1) >= MIN_MEAN_LOGPROB
     known = content_words(_last_user_text(messages)) | content_words(text0)
     leaked = sorted((content_words(lesson) & content_words(text1)) - known)
     covered = False
     if cover and r0 == r1 and served:
-        # Unchanged beside the served lessons: does it act alone? Then an active lesson already asks for it.
+        # Unchanged beside (or in place of) the served lessons: does it act alone? Then an active lesson already
+        # asks for it.
         (bare, _), (alone, _) = await asyncio.gather(
             _greedy(backend, plain, max_tokens, version),
             _greedy(backend, tokenizer.render(with_lessons(messages, [lesson]), turn.tools), max_tokens, version),
@@ -201,13 +209,14 @@ async def try_prompt(
     return PromptTrial(
         turn_id=turn.id,
         changed=r0 != r1,
-        preferred=advantage >= PREFERENCE_MARGIN,
+        preferred=gains[0] >= PREFERENCE_MARGIN,
         plausible=plausible,
         leaked=leaked,
-        advantage=advantage,
+        advantage=gains[0],
         words=(len(text0.split()), len(text1.split())),
         corrected=corrected,
         covered=covered,
+        guard=min(gains[1:]) if guards else None,
     )
 
 
@@ -220,14 +229,26 @@ async def try_candidate(
     *,
     max_tokens: int,
     corrected_turns: Iterable[int] = (),
+    replacing: Sequence[str] = (),
+    guards: Sequence[str] = (),
 ) -> list[PromptTrial]:
     """The base model's trials of ``candidate`` on ``prompts`` (``served``: the owner's active lessons' texts;
-    ``corrected_turns``: the turns a correction answered)."""
+    ``corrected_turns``: the turns a correction answered; ``replacing``/``guards``: served lessons it is tried in
+    place of, and their corrections)."""
     answered = set(corrected_turns)
     found = await asyncio.gather(
         *(
             try_prompt(
-                backend, turn, served, candidate, correction, max_tokens, corrected=turn.id in answered, cover=True
+                backend,
+                turn,
+                served,
+                candidate,
+                correction,
+                max_tokens,
+                corrected=turn.id in answered,
+                cover=True,
+                replacing=replacing,
+                guards=guards,
             )
             for turn in prompts
         )

@@ -23,31 +23,45 @@ _SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
 _LEADING_NO = re.compile(r"^\s*(no|nope|nah|ugh|hmm+)\b[\s,.!:;-]*", re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z0-9']+")
 
-_FORM_CUES = re.compile(
-    "|".join(
-        (
-            r"\btoo (long|wordy|verbose|short|brief|detailed|technical|formal|casual|complicated|complex|much|many)\b",
-            r"\b(shorter|briefer|longer|simpler|less verbose|more concise|more detail(ed)?|fewer words)\b",
-            r"\b(concise|succinct|brief|briefly|terse|wordy|verbose|rambl\w*|long-winded)\b",
-            r"\b(just|only) (give|tell|say|answer|reply|need|want|the)\b",
-            r"\bget to the point\b",
-            r"\btl;? ?dr\b",
-            r"\bno (need|fluff|preamble|intro\w*|filler|explanations?|essays?|lectures?)\b",
-            r"\b(one|a single|single|a few|few|two|three|\d+) (short |brief )?(sentences?|words?|lines?|paragraphs?)\b",
-            r"\b(bullet(ed)?( points?)?|numbered list|as a list|in a list|in a table|markdown|json|code blocks?|"
-            r"plain text)\b",
-            r"\b(don't|do not|dont|stop|never|always|please don't) (explain\w*|apologi[sz]\w*|repeat\w*|us\w+|add\w*|"
-            r"start\w*|say\w*|includ\w*|ask\w*|writ\w*|mention\w*|lectur\w*|hedg\w*)\b",
-            r"\bfrom now on\b",
-            r"\bin (english|french|german|spanish|italian|portuguese|chinese|japanese|dutch|russian)\b",
-            r"\b(lower|upper)case\b",
-            r"\b(tone|more formal|less formal|informal|friendlier|more polite)\b",
-            r"\bkey (facts?|points?)\b",
-            r"\bsummar(y|ize|ise) (first|only)\b",
-        )
+# The cues by what they are about. Two lessons about the same thing (a wish about length, say) are one wish in two
+# wordings (:func:`form_kinds`); a standing rule ("never apologize", "don't use jargon") is its own thing each time.
+_CUES_BY_KIND: dict[str, tuple[str, ...]] = {
+    "length": (
+        r"\btoo (long|wordy|verbose|short|brief|detailed|technical|complicated|complex|much|many)\b",
+        r"\b(shorter|briefer|longer|simpler|less verbose|more concise|more detail(ed)?|fewer words)\b",
+        r"\b(concise|succinct|brief|briefly|terse|wordy|verbose|rambl\w*|long-winded)\b",
+        r"\b(just|only) (give|tell|say|answer|reply|need|want|the)\b",
+        r"\bget to the point\b",
+        r"\btl;? ?dr\b",
+        r"\bno (need|fluff|preamble|intro\w*|filler|explanations?|essays?|lectures?)\b",
+        r"\b(one|a single|single|a few|few|two|three|\d+) (short |brief )?(sentences?|words?|lines?|paragraphs?)\b",
+        r"\bkey (facts?|points?)\b",
+        r"\bsummar(y|ize|ise) (first|only)\b",
     ),
-    re.IGNORECASE,
-)
+    "shape": (
+        r"\b(bullet(ed)?( points?)?|numbered list|as a list|in a list|in a table|markdown|json|code blocks?|"
+        r"plain text)\b",
+    ),
+    "language": (r"\bin (english|french|german|spanish|italian|portuguese|chinese|japanese|dutch|russian)\b",),
+    "case": (r"\b(lower|upper)case\b",),
+    "tone": (r"\btoo (formal|casual)\b", r"\b(tone|more formal|less formal|informal|friendlier|more polite)\b"),
+    "rule": (
+        r"\b(don't|do not|dont|stop|never|always|please don't) (explain\w*|apologi[sz]\w*|repeat\w*|us\w+|add\w*|"
+        r"start\w*|say\w*|includ\w*|ask\w*|writ\w*|mention\w*|lectur\w*|hedg\w*)\b",
+        r"\bfrom now on\b",
+    ),
+}
+_KIND_CUES = {kind: re.compile("|".join(cues), re.IGNORECASE) for kind, cues in _CUES_BY_KIND.items()}
+_FORM_CUES = re.compile("|".join(cue for cues in _CUES_BY_KIND.values() for cue in cues), re.IGNORECASE)
+# Each standing rule is a wish of its own, however it is worded.
+_RULE = "rule"
+
+
+def form_kinds(text: str) -> frozenset[str]:
+    """What a lesson's wording is about ("length", "shape", "language", "case", "tone"): two lessons that share a
+    kind are the same wish in other words, and the newer one may replace the older (see
+    :mod:`openclaw_cli.learn.lessons`). A standing rule has no kind here: each is its own wish."""
+    return frozenset(kind for kind, cue in _KIND_CUES.items() if kind != _RULE and cue.search(text))
 
 
 def form_cue_sentences(text: str) -> list[str]:

@@ -58,13 +58,14 @@ from openclaw_cli.backend import Backend
 from openclaw_cli.capture.redaction import Redactor, enabled_kinds
 from openclaw_cli.learn.lesson_checks import (
     PromptTrial,
+    Verification,
     content_words,
     decide,
     lesson_effect,
     try_candidate,
     try_prompt,
 )
-from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
+from openclaw_cli.learn.lesson_finder import form_kinds, is_form_correction, lesson_from_reply
 from openclaw_cli.lesson_prompt import FORGET_NOTE, ActiveLesson, LessonBook, LessonError, served_lessons
 from openclaw_cli.settings import Settings
 from openclaw_cli.store import Store, TurnRecord
@@ -316,8 +317,9 @@ class LessonKeeper:
         return [t for t in [*answered, *others] if t.id not in tried][: cfg.verify_prompts]
 
     async def verify(self, lesson: LessonRecord) -> bool:
-        """Try one candidate on prompts it has not been tried on yet, and decide on every trial so far (see
-        :func:`~openclaw_cli.learn.lesson_checks.decide`). Returns whether it tried any."""
+        """Try one candidate on prompts it has not been tried on yet (in place of its rivals: active lessons of the
+        same kind), and decide on every trial so far (see :func:`~openclaw_cli.learn.lesson_checks.decide`).
+        Returns whether it tried any."""
         served = tuple(a.text for a in self.book.for_owner(lesson.owner))
         known, tried = self._trials.get(lesson.id, (served, {}))
         if known != served:
@@ -325,6 +327,7 @@ class LessonKeeper:
         prompts = await self._untried_prompts(lesson, tried)
         if not prompts:
             return False  # nothing (new) to try it on yet
+        rivals = await self._rivals(lesson, served)
         started = time.monotonic()
         new = await try_candidate(
             self.backend,
@@ -334,29 +337,51 @@ class LessonKeeper:
             served,
             max_tokens=self.settings.lessons.verify_max_tokens,
             corrected_turns=lesson.source_turn_ids,
+            replacing=[rival.text for rival in rivals],
+            guards=[_correction_of(rival) for rival in rivals],
         )
         tried.update({turn.id: None for turn in prompts})  # one that could not be tried is not tried again
         tried.update({trial.turn_id: trial for trial in new})
         self._trials[lesson.id] = (served, tried)
-        trials = [t for t in tried.values() if t is not None]
-        result = decide(trials)
+        result = decide([t for t in tried.values() if t is not None])
         data = {"verification": result.to_json(), "seconds": round(time.monotonic() - started, 1)}
+        if rivals:
+            data["replacing"] = [rival.id for rival in rivals]
+        await self._settle(lesson, result, data, rivals, len(tried))
+        return True
+
+    async def _settle(
+        self, lesson: LessonRecord, result: Verification, data: dict[str, Any], rivals: list[LessonRecord], tried: int
+    ) -> None:
+        """Act on a candidate's verification: activate it (its rivals leave), merge it, reject it, or note it."""
         if result.outcome == "verified":
+            why = result.why
+            if rivals:
+                why += f", in place of lesson {', '.join(str(r.id) for r in rivals)}: the same wish in newer words"
             await asyncio.to_thread(
-                self.store.set_lesson_status, lesson.id, "active", result.why, data=data, expect=["candidate"]
+                self.store.set_lesson_status, lesson.id, "active", why, data=data, expect=["candidate"]
             )
+            for rival in rivals:
+                await asyncio.to_thread(
+                    self.store.set_lesson_status,
+                    rival.id,
+                    "rejected",
+                    f"replaced by lesson {lesson.id}: your newer words for the same wish did better where they act",
+                    data={"replaced_by": lesson.id},
+                    expect=["active"],
+                )
             self.stats["verified"] += 1
             self._trials.pop(lesson.id, None)
             await self._enforce_budget(lesson.owner, keep=lesson.id)
             await self.book.refresh()
-            log.info("lesson %d active: %s", lesson.id, result.why)
+            log.info("lesson %d active: %s", lesson.id, why)
         elif result.outcome == "duplicate":
-            await self._merge(lesson, data)
+            await self._merge(lesson, data, rivals)
             self._trials.pop(lesson.id, None)
-        elif result.outcome == "rejected" or len(tried) >= MAX_QUIET_PROMPTS:
+        elif result.outcome == "rejected" or tried >= MAX_QUIET_PROMPTS:
             why = result.why
             if result.outcome != "rejected":
-                why = f"it made no difference on any of the {len(tried)} prompts tried: nothing here for it to change"
+                why = f"it made no difference on any of the {tried} prompts tried: nothing here for it to change"
             await asyncio.to_thread(
                 self.store.set_lesson_status, lesson.id, "rejected", why, data=data, expect=["candidate"]
             )
@@ -364,10 +389,18 @@ class LessonKeeper:
             log.info("lesson %d rejected: %s", lesson.id, why)
         else:
             await asyncio.to_thread(self.store.note_lesson, lesson.id, f"not verified yet: {result.why}", data)
-        return True
 
-    async def _merge(self, lesson: LessonRecord, data: dict[str, Any]) -> None:
+    async def _rivals(self, lesson: LessonRecord, served: tuple[str, ...]) -> list[LessonRecord]:
+        """The owner's active lessons (served now) about the same thing as ``lesson`` (:func:`form_kinds`): the
+        candidate is tried in place of them, since the user's newer words for a wish supersede the older ones."""
+        kinds = form_kinds(lesson.text)
+        if not kinds:
+            return []
         active = await asyncio.to_thread(self.store.lessons, owner=lesson.owner, statuses=["active"])
+        return [a for a in active if a.id != lesson.id and a.text in served and kinds & form_kinds(a.text)]
+
+    async def _merge(self, lesson: LessonRecord, data: dict[str, Any], rivals: list[LessonRecord]) -> None:
+        active = rivals or await asyncio.to_thread(self.store.lessons, owner=lesson.owner, statuses=["active"])
         words = content_words(lesson.text)
         into = max(active, key=lambda a: len(content_words(a.text) & words), default=None)
         why = "it changes no reply beyond the lessons served already"
