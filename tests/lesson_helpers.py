@@ -18,6 +18,7 @@ from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams
 LESSON = "Too wordy. Just give me the key fact."
 SHORT = "Paris."
 LONG = "The capital of France is Paris, a large and old city on the river Seine with many museums."
+MEDIUM = "The capital of France is Paris, on the river Seine."
 
 
 def served_exchange(tokenizer: Any, messages: list[dict[str, Any]], reply: str, **metadata: Any) -> CapturedExchange:
@@ -61,6 +62,9 @@ class ScriptedPolicy:
         self.version = 0
         self.short_anyway = "(short)"  # a question with this mark is answered SHORT anyway, lesson or not
         self.samples = 0  # greedy replies asked for: what lesson trials cost
+        # When set, only a lesson block holding this word gets a SHORT reply; any other block gets MEDIUM (a wording
+        # the model follows only half-way, as SmolLM2 follows "tl;dr?").
+        self.heeded: str | None = None
 
     def tokenizer(self) -> Any:
         return self._tokenizer
@@ -76,6 +80,8 @@ class ScriptedPolicy:
         text = self._tokenizer.decode(prompt)
         told = INSTRUCTION_HEADER in text
         reply = SHORT if told or (self.learned and version is None) or self.short_anyway in text else LONG
+        if told and self.heeded is not None and self.heeded not in text.split(INSTRUCTION_HEADER, 1)[1]:
+            reply = MEDIUM
         if told and self.leak and self.leak in text:
             reply = f"{self.leak}. {reply}"
         tokens = self._tokenizer.encode(reply)

@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lesson_helpers import LESSON, LONG, SHORT, keeper_with_policy, record_conversation, record_served, served_exchange
+from lesson_helpers import (
+    LESSON,
+    LONG,
+    MEDIUM,
+    SHORT,
+    keeper_with_policy,
+    record_conversation,
+    record_served,
+    served_exchange,
+)
 
 from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_checks import PromptTrial, decide
@@ -227,3 +236,68 @@ async def test_a_conversation_already_told_is_not_a_prompt_to_verify_on(parts: A
     tried = {t["turn"] for t in bullets.evidence[-1]["verification"]["trials"]}
     told = {turn.id for turn in store.owner_turns("local", 10) if len(turn.messages) > 1}
     assert tried and not tried & told
+
+
+def _record_served_conversation(
+    capture: SessionCapture, tokenizer: Any, question: str, lesson: Any, reply: str, next_user: str
+) -> None:
+    """A conversation whose reply was served with ``lesson`` (a stored lesson), answered by ``next_user``."""
+    served = [{"id": lesson.id, "text": lesson.text}]
+    first = [{"role": "user", "content": question}]
+    capture.record_sync(served_exchange(tokenizer, first, reply, lessons=served))
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": next_user}]
+    capture.record_sync(served_exchange(tokenizer, second, reply, lessons=served))
+
+
+async def test_newer_words_for_the_same_wish_replace_the_weaker_lesson(parts: Any, tiny_tokenizer: Any) -> None:
+    """The rewording user: "tl;dr?" is active but the model follows it only half-way; the user corrects a reply
+    served with it in other words. Beside it the new wording would be judged together with the weak one; tried in
+    place of it (same kind: length), it shortens the reply by its own reader and by the old lesson's reader, so it
+    replaces it. A third wording that does worse in place of the new one is rejected, and the new one stays."""
+    store, capture, policy, keeper = parts
+    policy.heeded = "brief"
+    await keeper.book.refresh()
+    old_id = store.add_lesson(
+        "local", "tl;dr?", status="active", origin="correction", why="verified", data={"correction": "tl;dr?"}
+    )
+    await keeper.book.refresh()
+    old = store.get_lesson(old_id)
+    _record_served_conversation(capture, tiny_tokenizer, "Why is the sky blue?", old, MEDIUM, "Can you keep it brief?")
+    await keeper.run_once()
+    by_text = {lesson.text: lesson for lesson in store.lessons()}
+    new = by_text["Can you keep it brief?"]
+    assert new.status == "active", new.evidence
+    assert "in place of lesson" in new.evidence[-1]["why"] and new.evidence[-1]["replacing"] == [old_id]
+    corrected = [t for t in new.evidence[-1]["verification"]["trials"] if t["corrected"]]
+    assert corrected[0]["verdict"] == "helped" and corrected[0]["guard"] > 0
+    assert corrected[0]["words"] == [len(MEDIUM.split()), len(SHORT.split())]
+    replaced = store.get_lesson(old_id)
+    assert replaced.status == "rejected" and replaced.evidence[-1]["replaced_by"] == new.id
+    assert [a.text for a in keeper.book.for_owner("local")] == ["Can you keep it brief?"]
+
+    _record_served_conversation(capture, tiny_tokenizer, "How do tides work?", new, SHORT, "Too much text.")
+    await keeper.run_once()
+    third = {lesson.text: lesson for lesson in store.lessons()}["Too much text."]
+    assert third.status == "rejected", third.evidence
+    assert {t["verdict"] for t in third.evidence[-1]["verification"]["trials"] if t["corrected"]} == {"hurt"}
+    assert store.get_lesson(new.id).status == "active"
+    story = explain_entry({**third.evidence[-1], "status": "rejected"})
+    assert f"Tried in place of lesson {new.id}" in story
+    assert "worse by your own correction" in story
+
+
+async def test_a_lesson_about_another_thing_is_tried_beside_the_active_one(parts: Any, tiny_tokenizer: Any) -> None:
+    """A wish about length next to an active one about language: not rivals, so the new one is tried beside it and
+    both stay served."""
+    store, capture, policy, keeper = parts
+    policy.heeded = "brief"
+    other_id = store.add_lesson("local", "Answer in French.", status="active", origin="correction", why="verified")
+    await keeper.book.refresh()
+    other = store.get_lesson(other_id)
+    _record_served_conversation(capture, tiny_tokenizer, "Why is the sky blue?", other, MEDIUM, "Be brief.")
+    await keeper.run_once()
+    new = {lesson.text: lesson for lesson in store.lessons()}["Be brief."]
+    assert new.status == "active", new.evidence
+    assert "replacing" not in new.evidence[-1]
+    assert store.get_lesson(other_id).status == "active"
+    assert sorted(a.text for a in keeper.book.for_owner("local")) == ["Answer in French.", "Be brief."]

@@ -19,7 +19,7 @@ from lesson_helpers import LESSON, LONG, SHORT, ScriptedPolicy, keeper_with_poli
 from lesson_helpers import record_conversation as _conversation
 
 from openclaw_cli.capture.sessions import SessionCapture
-from openclaw_cli.learn.lesson_finder import is_form_correction, lesson_from_reply
+from openclaw_cli.learn.lesson_finder import form_kinds, is_form_correction, lesson_from_reply
 from openclaw_cli.learn.lessons import load_active
 from openclaw_cli.lesson_prompt import INSTRUCTION_HEADER, ActiveLesson, LessonBook, key_owner
 from openclaw_cli.settings import Settings
@@ -547,3 +547,13 @@ def test_the_real_sdks_see_the_lesson_header_and_can_turn_lessons_off(make_proxy
             assert any(b"message_stop" in chunk for chunk in streamed.iter_bytes())
     finally:
         server.stop()
+
+
+def test_wordings_of_one_wish_share_a_kind_and_standing_rules_have_none() -> None:
+    """Which lessons are rivals (the newer may replace the older): the same kind of wish in other words."""
+    length = ["tl;dr?", "Can you keep it brief?", "Too much text.", "Shorter, please.", "One sentence is enough."]
+    assert {kind for text in length for kind in form_kinds(text)} == {"length"}
+    assert form_kinds("Answer in French.") == {"language"}
+    assert form_kinds("Use bullet points.") == {"shape"}
+    assert form_kinds("That is too formal.") == {"tone"}
+    assert form_kinds("Never apologize.") == form_kinds("Don't use jargon.") == frozenset()

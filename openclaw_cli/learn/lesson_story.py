@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from openclaw_cli.learn.lesson_checks import PREFERENCE_MARGIN
+
 _HEADLINES = {
     "verified": "Verified: where it changes the reply, the reply is closer to what you asked for.",
     "inconclusive": (
@@ -33,6 +35,8 @@ def _trial_line(trial: dict[str, Any]) -> str:
         what = f"the same reply with it ({before} words): a lesson you already have does this"
     elif verdict == "helped":
         what = f"{before} -> {after} words, closer to what you asked for"
+    elif verdict == "hurt" and float(trial.get("guard", 0.0)) <= -PREFERENCE_MARGIN < float(trial.get("advantage", 0)):
+        what = f"{before} -> {after} words, worse by what the lesson it would replace asks for"
     elif verdict == "hurt":
         what = f"{before} -> {after} words, worse by your own correction (or no longer an answer to the question)"
     elif verdict == "leak":
@@ -60,6 +64,12 @@ def explain_entry(entry: dict[str, Any]) -> str:
         outcome = str(verification.get("outcome", ""))
         trials = [t for t in verification.get("trials") or [] if isinstance(t, dict)]
         lines = [_HEADLINES.get(outcome, str(entry.get("why", "")))]
+        replacing = ", ".join(str(i) for i in entry.get("replacing") or [])
+        if replacing:
+            lines.append(
+                f"Tried in place of lesson {replacing}, which asks for the same kind of thing in your earlier words: "
+                "it had to do better by this correction and no worse by that one's."
+            )
         if outcome == "rejected":
             lines += [f"Why: {reason}." for reason in _rejection_reasons(trials)]
         if trials:
