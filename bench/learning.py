@@ -398,7 +398,9 @@ async def ask_held_out(backend: Any, *, told: bool, max_tokens: int, version: in
 
 TIMELINE_MINUTES = (0, 1, 2, 5, 10, 20)
 MAX_RETIREMENTS = 2  # in one run: more is a lesson flapping
-AFTER_FIRST_CORRECTION_S = 60.0  # a measurement takes 40-50 s while training runs: it ends within 2 minutes
+# Measured again this long after the users' first correction of form: a measurement takes 40-60 s while training
+# runs, so one of them is sent within 2 minutes of it whatever the fixed marks do.
+AFTER_FIRST_CORRECTION_S = (60.0, 110.0)
 # Held-out requests through the proxy are opted out of capture: they are never stored, judged, trained on, or a
 # lesson's source, but are served with the owner's lessons as any request (opt-out stops capture, not service).
 HELD_OUT_HEADERS = {"X-OpenClaw-Opt-Out": "1", "X-Turn-Type": "main"}
@@ -424,24 +426,31 @@ async def ask_held_out_served(http: Any, *, lessons: bool, max_tokens: int) -> t
 
 @dataclass
 class TimelinePoint:
-    minute: float  # since the run started
+    """One measurement. ``sent``: the minute (since the run started) its requests went out, all at once, which is
+    when the proxy chose the lessons that shaped them; ``minute``: when the last reply came back (40-60 s later while
+    training runs)."""
+
+    minute: float
     version: int
     served: HeldOut
     plain: HeldOut
     lessons: str  # the lesson ids that shaped the served replies ("none" when none)
+    sent: float
 
 
 async def measure_point(http: Any, backend: Any, started: float, max_tokens: int) -> TimelinePoint:
     """The held-out questions served and plain, now."""
     version = backend.current_version().version
+    sent = round((time.time() - started) / 60, 2)
     (served, lessons), (plain, _) = await asyncio.gather(
         ask_held_out_served(http, lessons=True, max_tokens=max_tokens),
         ask_held_out_served(http, lessons=False, max_tokens=max_tokens),
     )
-    point = TimelinePoint(round((time.time() - started) / 60, 2), version, served, plain, lessons)
+    point = TimelinePoint(round((time.time() - started) / 60, 2), version, served, plain, lessons, sent)
     print(
-        f"  held-out at {point.minute:5.2f} min (version {version}): served {served.words:5.1f} words, hits "
-        f"{served.hits:.2f} (lessons {lessons}); plain {plain.words:5.1f} words, hits {plain.hits:.2f}"
+        f"  held-out sent at {sent:5.2f} min, answered by {point.minute:5.2f} (version {version}): served "
+        f"{served.words:5.1f} words, hits {served.hits:.2f} (lessons {lessons}); plain {plain.words:5.1f} words, "
+        f"hits {plain.hits:.2f}"
     )
     return point
 
@@ -455,16 +464,17 @@ async def measure_timeline(
     stop: asyncio.Event,
     observed: Observed,
 ) -> list[TimelinePoint]:
-    """The held-out questions served and plain at each of :data:`TIMELINE_MINUTES` after 0 inside the run, and once
-    :data:`AFTER_FIRST_CORRECTION_S` after the users' first correction of form (so a run whose first correction comes
-    late is still measured within 2 minutes of it)."""
+    """The held-out questions served and plain at each of :data:`TIMELINE_MINUTES` after 0 inside the run, and at
+    each of :data:`AFTER_FIRST_CORRECTION_S` after the users' first correction of form (so a run whose first
+    correction comes late is still measured within 2 minutes of it)."""
     marks = [started + m * 60 for m in TIMELINE_MINUTES if 0 < m < minutes]
-    followed_up = False
+    follow_ups: list[float] | None = None
     points: list[TimelinePoint] = []
     while not stop.is_set():
         corrected = observed.first_correction_at
-        follow_up = None if followed_up or corrected is None else corrected + AFTER_FIRST_CORRECTION_S
-        due = [*marks, *([follow_up] if follow_up is not None else [])]
+        if follow_ups is None and corrected is not None:
+            follow_ups = [corrected + after for after in AFTER_FIRST_CORRECTION_S]
+        due = [*marks, *(follow_ups or [])]
         if not due:
             break
         now = time.time()
@@ -472,8 +482,8 @@ async def measure_timeline(
             with contextlib.suppress(TimeoutError):  # a short wait: the first correction may come meanwhile
                 await asyncio.wait_for(stop.wait(), timeout=min(min(due) - now, 5.0))
             continue
-        followed_up = followed_up or (follow_up is not None and follow_up <= now)
         marks = [mark for mark in marks if mark > now]
+        follow_ups = [mark for mark in follow_ups or [] if mark > now] if follow_ups is not None else None
         points.append(await measure_point(http, backend, started, max_tokens))
     return points
 
@@ -595,13 +605,16 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
             print(f"reward-over-steps plot: {path}")
         after = await ask_held_out(backend, told=False, max_tokens=args.max_tokens)
         # The end of the timeline: served and plain after the last step, through the proxy.
+        end_sent = round((time.time() - started) / 60, 2)
         async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
             (served_end, shaped), (plain_end, _) = await asyncio.gather(
                 ask_held_out_served(http, lessons=True, max_tokens=args.max_tokens),
                 ask_held_out_served(http, lessons=False, max_tokens=args.max_tokens),
             )
         ended = round((time.time() - started) / 60, 2)
-        timeline.append(TimelinePoint(ended, backend.current_version().version, served_end, plain_end, shaped))
+        timeline.append(
+            TimelinePoint(ended, backend.current_version().version, served_end, plain_end, shaped, end_sent)
+        )
         events = lesson_events(store, started)
         for event in events:
             print(f"  lesson {event['id']} {event['status']} at {event['minute']:.2f} min: {event['why'][:100]}")
@@ -645,7 +658,7 @@ def run_in_child(seed: int, judge_kind: str) -> RunResult | None:
         data = json.loads(result_file.read_text())
     data["after"] = HeldOut(**data["after"])
     data["timeline"] = [
-        TimelinePoint(p["minute"], p["version"], HeldOut(**p["served"]), HeldOut(**p["plain"]), p["lessons"])
+        TimelinePoint(p["minute"], p["version"], HeldOut(**p["served"]), HeldOut(**p["plain"]), p["lessons"], p["sent"])
         for p in data["timeline"]
     ]
     return RunResult(**data)
@@ -709,12 +722,12 @@ def lesson_verdict(result: RunResult, told: HeldOut) -> tuple[bool, bool, str]:
     goal and at most :data:`MAX_RETIREMENTS`, the line that says so)."""
     corrected = result.first_correction_minute
     effect = next(
-        (p.minute for p in result.timeline if corrected is not None and p.minute >= corrected and served_goal(p, told)),
+        (p.sent for p in result.timeline if corrected is not None and p.sent >= corrected and served_goal(p, told)),
         None,
     )
     fast = corrected is not None and effect is not None and effect - corrected <= 2.0
     retired = next((e["minute"] for e in result.lessons if e["status"] == "retired"), None)
-    after_retirement = [p for p in result.timeline if retired is not None and p.minute >= retired]
+    after_retirement = [p for p in result.timeline if retired is not None and p.sent >= retired]
     retirements, active, facts = lesson_life(result)
     kept = all(served_goal(p, told) for p in after_retirement) and retirements <= MAX_RETIREMENTS
     first = "n/a" if corrected is None else f"{corrected:.2f}"
@@ -735,7 +748,7 @@ def plot_timeline(result: RunResult, told: HeldOut, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    minutes = [p.minute for p in result.timeline]
+    minutes = [p.sent for p in result.timeline]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(minutes, [p.served.words for p in result.timeline], marker="o", label="served (with lessons)")
     ax.plot(minutes, [p.plain.words for p in result.timeline], marker="s", label="plain (x-openclaw-lessons: off)")
@@ -801,7 +814,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"{r.judge:>9}{r.seed:>6}  {line}")
         for p in r.timeline:
             print(
-                f"{'':>17}{p.minute:6.2f} min v{p.version:<3} served {p.served.words:5.1f} w / {p.served.hits:.2f} "
+                f"{'':>17}{p.sent:6.2f} min v{p.version:<3} served {p.served.words:5.1f} w / {p.served.hits:.2f} "
                 f"({p.lessons}); plain {p.plain.words:5.1f} w / {p.plain.hits:.2f}"
             )
     print(

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,22 @@ def test_lesson_life_counts_retirements_overlapping_active_minutes_once_and_fact
     ]
     result = bench.RunResult(0, "policy", bench.HeldOut([], 0, 0, 0), 1, 0, 5.0, lessons=events)
     assert bench.lesson_life(result) == (2, 3.0, ["Try again."])
+
+
+def test_served_in_the_goal_counts_from_when_the_requests_went_out(bench: ModuleType) -> None:
+    """The proxy picks a request's lessons when it arrives, so a measurement counts at the minute it was sent (its
+    replies come back 40-60 s later while training runs); one sent before the first correction never counts."""
+    told = bench.HeldOut([], 10.0, 0.6, 0.9)
+    long, short = bench.HeldOut([], 30.0, 0.6, 0.9), bench.HeldOut([], 12.0, 0.6, 0.9)
+
+    def point(sent: float, answered: float, served: Any) -> Any:
+        return bench.TimelinePoint(answered, 0, served, long, "1", sent)
+
+    def verdict(timeline: list[Any]) -> tuple[bool, bool, str]:
+        result = bench.RunResult(0, "policy", long, 1, 0, 5.0, timeline=timeline, first_correction_minute=0.8)
+        return bench.lesson_verdict(result, told)
+
+    fast, _, line = verdict([point(0.5, 1.2, short), point(1.0, 1.8, long), point(2.9, 3.6, short)])
+    assert not fast and "served in the goal at 2.90 min (FAIL)" in line  # the first was sent before the correction
+    fast, _, line = verdict([point(1.0, 1.8, long), point(2.6, 3.4, short)])
+    assert fast and "served in the goal at 2.60 min (ok)" in line  # answered after 2 minutes, sent within them

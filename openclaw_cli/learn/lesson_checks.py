@@ -16,6 +16,11 @@ verdict:
 - ``hurt``: ``Δ(r1) - Δ(r0) <= -``:data:`PREFERENCE_MARGIN`, or ``r1`` is implausible;
 - ``indifferent``: changed, but the teacher hardly tells the two apart: no evidence either way.
 
+**In place of a rival** (``replacing``): a candidate about the same kind of thing as an active lesson is tried with
+that lesson taken out, and its ``guard`` is ``Δ(r1) - Δ(r0)`` as the base model reading *that lesson's* correction
+scores them: a replacement that its own reader prefers but the older lesson's reader finds worse by the margin is
+``hurt``.
+
 **The turn the correction answered** is the first prompt tried: the lesson must change the answer there. Its ``r0``
 is the greedy reply as served today, not the reply the user corrected: that one was sampled (often at a temperature),
 and a new greedy reply differs from it whether or not the lesson does anything, so a lesson that repeats an active
