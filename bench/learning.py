@@ -25,10 +25,12 @@ the hint);
 ``--control`` runs it beside the first seed.
 
 Lessons (docs/lessons.md) run as in ``openclaw launch``. Over each run the held-out questions are also asked through
-the proxy at 0, 1, 2, 5, 10 and 20 minutes and after the last step, as the user gets them (with lessons) and plain
-(``x-openclaw-lessons: off``), opted out of capture; the run reports the first correction's minute, every change of
-the lesson's status, and whether served replies met the told model's length x1.3 (hits at least its minus 0.10) within
-2 minutes of the first correction and after the lesson retired. ``--plot-dir`` writes each run's reward-over-steps PNG
+the proxy at 0, 1, 2, 5, 10 and 20 minutes, 60 and 110 s after the first correction of form, and after the last step,
+as the user gets them (with lessons) and plain (``x-openclaw-lessons: off``), opted out of capture; the run reports
+the first correction's minute, every change of the lesson's status, and whether served replies met the told model's
+length x1.3 (hits at least its minus 0.10) within 2 minutes of the first correction and after the lesson retired. A
+measurement counts at the minute its requests went out (the proxy picks a request's lessons when it arrives); its
+replies come back 40-60 s later while training runs. ``--plot-dir`` writes each run's reward-over-steps PNG
 (the plot ``openclaw eval --plot`` draws), the served and plain timeline (``lessons-*.png``) and every held-out reply
 before, told and after (``held-out-*.json``), to read which answers a run lost.
 """
