@@ -31,9 +31,10 @@ owner's next prompts; after :data:`MAX_QUIET_PROMPTS` prompts without a differen
 **Newer words for the same wish.** A candidate about the same kind of thing as an active lesson of its owner
 (:func:`~openclaw_cli.learn.lesson_finder.form_kinds`: length, shape, language, case, tone; never a standing rule)
 is tried *in place of* it, not beside it: it must do better by its own correction and no worse by the older lesson's
-(the trial's ``guard``). Verified, it replaces the older one (rejected, "replaced by"). Measured on SmolLM2: "tl;dr?"
-served alone gave held-out replies of 26.9 words, "Can you keep it brief?" alone 14.0, the two together 19.6, so a
-user who rewords the wish is served best by their clearest words, not by every wording at once.
+(the trial's ``guard``). Verified, it replaces the older one (rejected, "replaced by"). Measured on SmolLM2
+(``bench/lesson_wordings.py``): "tl;dr?" served alone gave held-out replies of 23.8 words, "Can you keep it brief?"
+alone 14.0, the two together 18.2, so a user who rewords the wish is served best by their clearest words, not by
+every wording at once.
 
 **Asking again is evidence.** The same correction again (the same words, or the same content words) adds its turn to
 the lesson's sources: a candidate is tried on it in the next round, a rejected lesson is re-opened at once, a retired
