@@ -383,8 +383,12 @@ class HeldOut:
         )
 
 
-async def ask_held_out(backend: Any, *, told: bool, max_tokens: int, version: int | None = None) -> HeldOut:
-    """Every held-out question, greedy, plain or with the user's instruction added."""
+async def ask_held_out(
+    backend: Any, *, told: bool, max_tokens: int, version: int | None = None, lessons: tuple[str, ...] = ()
+) -> HeldOut:
+    """Every held-out question, greedy, plain or with the user's instruction added; with ``lessons`` placed as the
+    proxy serves them."""
+    from openclaw_cli.lesson_prompt import with_lessons
     from openclaw_cli.types import SamplingParams
 
     tokenizer = backend.tokenizer()
@@ -392,7 +396,8 @@ async def ask_held_out(backend: Any, *, told: bool, max_tokens: int, version: in
     replies = []
     for question in SCRIPT.held_out:
         text = f"{question} {SCRIPT.instruction}" if told else question
-        prompt = tokenizer.render([{"role": "system", "content": SCRIPT.system}, {"role": "user", "content": text}])
+        messages = [{"role": "system", "content": SCRIPT.system}, {"role": "user", "content": text}]
+        prompt = tokenizer.render(with_lessons(messages, lessons))
         result = await backend.sample(prompt, params, version=version)
         replies.append(result.text.strip())
     return HeldOut.of(replies)
@@ -485,7 +490,8 @@ async def measure_timeline(
                 await asyncio.wait_for(stop.wait(), timeout=min(min(due) - now, 5.0))
             continue
         marks = [mark for mark in marks if mark > now]
-        follow_ups = [mark for mark in follow_ups or [] if mark > now] if follow_ups is not None else None
+        if follow_ups:
+            follow_ups = [mark for mark in follow_ups if mark > now]
         points.append(await measure_point(http, backend, started, max_tokens))
     return points
 
@@ -607,23 +613,16 @@ async def train_once(args: argparse.Namespace, seed: int, judge_kind: str, plot_
             print(f"reward-over-steps plot: {path}")
         after = await ask_held_out(backend, told=False, max_tokens=args.max_tokens)
         # The end of the timeline: served and plain after the last step, through the proxy.
-        end_sent = round((time.time() - started) / 60, 2)
         async with httpx.AsyncClient(base_url=base_url, timeout=600) as http:
-            (served_end, shaped), (plain_end, _) = await asyncio.gather(
-                ask_held_out_served(http, lessons=True, max_tokens=args.max_tokens),
-                ask_held_out_served(http, lessons=False, max_tokens=args.max_tokens),
-            )
-        ended = round((time.time() - started) / 60, 2)
-        timeline.append(
-            TimelinePoint(ended, backend.current_version().version, served_end, plain_end, shaped, end_sent)
-        )
+            end = await measure_point(http, backend, started, args.max_tokens)
+        timeline.append(end)
         events = lesson_events(store, started)
         for event in events:
             print(f"  lesson {event['id']} {event['status']} at {event['minute']:.2f} min: {event['why'][:100]}")
         # Also at the end of each run, so a long bench shows its results as they come.
         print(
             f"held-out after this run, plain: {after.words:5.1f} words, hits {after.hits:.2f}, "
-            f"distinct {after.distinct:.2f}; served {served_end.words:5.1f} words, hits {served_end.hits:.2f}"
+            f"distinct {after.distinct:.2f}; served {end.served.words:5.1f} words, hits {end.served.hits:.2f}"
         )
         server.should_exit = True
         with contextlib.suppress(Exception):

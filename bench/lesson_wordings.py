@@ -19,50 +19,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning import SCRIPTS, Script, names_a_key_word, word_count
-
-from openclaw_cli.lesson_prompt import with_lessons
-
-
-async def served_replies(
-    backend: object, script: Script, lessons: list[str], *, told: bool, max_tokens: int
-) -> list[str]:
-    from openclaw_cli.types import SamplingParams
-
-    tokenizer = backend.tokenizer()  # type: ignore[attr-defined]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    replies = []
-    for question in script.held_out:
-        text = f"{question} {script.instruction}" if told else question
-        messages = with_lessons(
-            [{"role": "system", "content": script.system}, {"role": "user", "content": text}], lessons
-        )
-        result = await backend.sample(tokenizer.render(messages), params)  # type: ignore[attr-defined]
-        replies.append(result.text.strip())
-    return replies
+import learning
+from learning import SCRIPTS, Script, ask_held_out
 
 
 async def main_async(args: argparse.Namespace) -> None:
     from openclaw_cli.backends.local import LocalBackend
     from openclaw_cli.settings import Settings
 
-    script = Script.load(args.script)
+    script = learning.SCRIPT = Script.load(args.script)  # what ask_held_out asks and HeldOut scores
     backend = LocalBackend(Settings(local={"device": "cpu"}))
     await backend.start()
     wordings = list(script.form_corrections)
-    variants: list[tuple[str, list[str], bool]] = [("none (plain)", [], False), ("told", [], True)]
-    variants += [(repr(text), [text], False) for text in wordings]
+    variants: list[tuple[str, tuple[str, ...], bool]] = [("none (plain)", (), False), ("told", (), True)]
+    variants += [(repr(text), (text,), False) for text in wordings]
     if len(wordings) > 1:
-        variants.append((f"{wordings[0]!r} + {wordings[1]!r}", wordings[:2], False))
+        variants.append((f"{wordings[0]!r} + {wordings[1]!r}", tuple(wordings[:2]), False))
     told_words = None
     print(f"{'served lessons':50s} {'words':>6s} {'hits':>5s} {'x told':>7s}")
     for name, lessons, told in variants:
-        replies = await served_replies(backend, script, lessons, told=told, max_tokens=args.max_tokens)
-        words = sum(word_count(r) for r in replies) / len(replies)
-        hits = sum(names_a_key_word(r, keys) for r, keys in zip(replies, script.held_out.values(), strict=True))
-        told_words = words if told else told_words
-        ratio = f"{words / told_words:7.2f}" if told_words else f"{'':7s}"
-        print(f"{name:50s} {words:6.1f} {hits / len(replies):5.2f} {ratio}", flush=True)
+        held_out = await ask_held_out(backend, told=told, max_tokens=args.max_tokens, lessons=lessons)
+        told_words = held_out.words if told else told_words
+        ratio = f"{held_out.words / told_words:7.2f}" if told_words else f"{'':7s}"
+        print(f"{name:50s} {held_out.words:6.1f} {held_out.hits:5.2f} {ratio}", flush=True)
 
 
 def main() -> None:

@@ -30,45 +30,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-QUESTIONS = [
-    "Write a long, detailed essay about the history of the city of Rome.",
-    "Explain in detail how a steam engine works, step by step.",
-    "Describe the water cycle in great detail for a school report.",
-    "Tell me a long story about a fox who travels around the world.",
-]
+from decode import QUESTIONS
+from swap_latency import build_settings, training_batch
+
 GOAL = 0.8
-
-
-def build_settings(model: str, work: Path) -> Any:
-    from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
-
-    if model == "tiny":
-        from openclaw_cli.testing.tiny_model import save_tiny_model
-
-        model_path: str | None = str(save_tiny_model(work / "tiny-model"))
-        lora = LoraSettings(rank=4, alpha=8)
-    else:
-        model_path = None if model == "smollm2" else model
-        lora = LoraSettings()
-    return Settings(
-        model=model_path,
-        lora=lora,
-        store=StoreSettings(path=work / "store.sqlite3"),
-        local=LocalSettings(state_dir=work / "ckpt", device="cpu", sampler="transformers", keep_versions=3),
-    )
 
 
 async def publish_two_versions(backend: Any) -> tuple[int, int]:
     """Two published versions whose LoRA weights differ (a training step between them, on the policy's own replies
     with a large learning rate so the deltas are far from zero)."""
-    from openclaw_cli.types import AdamParams, SamplingParams, datum_from_completion
+    from openclaw_cli.types import AdamParams
 
-    prompt = backend.tokenizer().render([{"role": "user", "content": QUESTIONS[0]}])
-    datums = []
-    for seed in range(2):
-        result = await backend.sample(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=seed))
-        datums.append(datum_from_completion(prompt, result.tokens, logprobs=result.logprobs, advantages=1.0))
+    datums = await training_batch(backend, 2, 16)
     versions = []
     for _ in range(2):
         await backend.forward_backward(datums, "importance_sampling")

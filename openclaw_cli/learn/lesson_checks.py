@@ -196,8 +196,9 @@ async def try_prompt(
     if any(score is None for score in found):
         return None
     sums = [sum(score or []) for score in found]
+    plain0, plain1 = sums[:2]
     # Per reader: Δ(r1) - Δ(r0), with Δ(r) = log p(r | reader) - log p(r | plain).
-    gains = [(sums[i + 1] - sums[1]) - (sums[i] - sums[0]) for i in range(2, len(sums), 2)]
+    gains = [(read1 - plain1) - (read0 - plain0) for read0, read1 in zip(sums[2::2], sums[3::2], strict=True)]
     p1 = found[1] or []
     plausible = bool(p1) and sum(p1) / len(p1) >= MIN_MEAN_LOGPROB
     known = content_words(_last_user_text(messages)) | content_words(text0)

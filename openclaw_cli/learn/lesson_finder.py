@@ -51,17 +51,16 @@ _CUES_BY_KIND: dict[str, tuple[str, ...]] = {
         r"\bfrom now on\b",
     ),
 }
-_KIND_CUES = {kind: re.compile("|".join(cues), re.IGNORECASE) for kind, cues in _CUES_BY_KIND.items()}
 _FORM_CUES = re.compile("|".join(cue for cues in _CUES_BY_KIND.values() for cue in cues), re.IGNORECASE)
-# Each standing rule is a wish of its own, however it is worded.
-_RULE = "rule"
+# Each standing rule is a wish of its own, however it is worded: not a kind two lessons can share.
+_KIND_CUES = {kind: re.compile("|".join(cues), re.IGNORECASE) for kind, cues in _CUES_BY_KIND.items() if kind != "rule"}
 
 
 def form_kinds(text: str) -> frozenset[str]:
     """What a lesson's wording is about ("length", "shape", "language", "case", "tone"): two lessons that share a
     kind are the same wish in other words, and the newer one may replace the older (see
     :mod:`openclaw_cli.learn.lessons`). A standing rule has no kind here: each is its own wish."""
-    return frozenset(kind for kind, cue in _KIND_CUES.items() if kind != _RULE and cue.search(text))
+    return frozenset(kind for kind, cue in _KIND_CUES.items() if cue.search(text))
 
 
 def form_cue_sentences(text: str) -> list[str]:
