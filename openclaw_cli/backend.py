@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -261,6 +261,39 @@ async def completion_logprobs(
     if len(tail) != len(completion) or any(v is None for v in tail):
         return None
     return [float(v) for v in tail if v is not None]
+
+
+@runtime_checkable
+class SupportsAdapters(Protocol):
+    """Optional capability: an adapter per owner (``lora.scope = "owner"``, openclaw_cli.adapters).
+
+    ``adapter(name)`` returns the backend as that adapter sees it: ``sample``/``stream`` serve the adapter's versions
+    (``current_version`` is its current one; 0, the base model, until its first publish), ``compute_logprobs``
+    scores with them, and the training calls, ``publish``, version control and checkpoints act on that adapter
+    alone. Adapter :data:`~openclaw_cli.adapters.SHARED_ADAPTER` is the backend itself. A backend without it serves
+    one adapter only; launch refuses to start it where owners would get adapters of their own.
+    """
+
+    def adapter(self, name: str) -> Backend: ...
+
+
+def adapter_backend(backend: Backend, name: str) -> Backend:
+    """``backend`` as adapter ``name`` sees it (see :class:`SupportsAdapters`); raises BackendError when the backend
+    keeps one adapter for everyone and ``name`` is another."""
+    from openclaw_cli.adapters import SHARED_ADAPTER
+
+    if name == SHARED_ADAPTER:
+        return backend
+    views = getattr(backend, "adapter", None)
+    if not callable(views):
+        raise BackendError(
+            f"the {backend.name} backend keeps one adapter for everyone; set lora.scope = 'shared'", status_code=501
+        )
+    return cast("Backend", views(name))
+
+
+def supports_adapters(backend: object) -> bool:
+    return callable(getattr(backend, "adapter", None))
 
 
 def supports_version_control(backend: object) -> bool:

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any, cast
 import uvicorn
 
 from openclaw_cli import eventloop
-from openclaw_cli.backend import Backend, create_backend
+from openclaw_cli.adapters import separate_adapters
+from openclaw_cli.backend import Backend, BackendError, create_backend, supports_adapters
 from openclaw_cli.capture.retention import purge_expired, retention_loop
 from openclaw_cli.dashboard import Snapshot, log_line, render
-from openclaw_cli.learn.trainer_loop import TrainerLoop
+from openclaw_cli.learn.trainer_pool import TrainerPool
 from openclaw_cli.proxy.app import create_app
 from openclaw_cli.proxy.server import check_bind
 from openclaw_cli.settings import Settings
@@ -80,7 +81,7 @@ class Runtime:
     store: Store
     sink: SessionCapture
     judge: JudgeLoop
-    trainer: TrainerLoop
+    trainer: TrainerPool
     server: _Server
     app: Starlette = field(init=False)  # the proxy app create_app built
     started_at: float = field(default_factory=time.time)
@@ -96,7 +97,6 @@ class Runtime:
         """The loops' backlog and counters for ``/v1/openclaw/status`` (reads the store: call it from a worker
         thread). Ages are seconds; None when nothing waits."""
         from openclaw_cli.learn.judge import JUDGE_CONSUMER
-        from openclaw_cli.learn.trainer_loop import CONSUMER as TRAINER_CONSUMER
 
         now = time.time()
 
@@ -104,7 +104,7 @@ class Runtime:
             return None if since is None else round(max(0.0, now - since), 3)
 
         to_judge, oldest_to_judge = self.store.backlog(JUDGE_CONSUMER)
-        to_train, oldest_to_train = self.store.backlog(TRAINER_CONSUMER, after=JUDGE_CONSUMER)
+        to_train, oldest_to_train = self.trainer.backlog()
         judge, trainer = self.judge.stats, self.trainer.stats
         return {
             "backlog": {
@@ -132,6 +132,8 @@ class Runtime:
                 "failures": trainer.failures,
                 "last_error": trainer.last_error,
             },
+            # Each adapter's serving version and steps (lora.scope = owner: one per owner id or group name).
+            "adapters": self.trainer.adapters(),
             "promotion": self.gate.status() if self.gate is not None else {"enabled": False},
             "lessons": self.lessons.status() if self.lessons is not None else {"enabled": False},
             "trackers": self.trackers.status() if self.trackers is not None else {},
@@ -220,14 +222,15 @@ async def launch(
         # The store first: a damaged one (quick_check at open) fails in a second, not after the model has loaded.
         store = Store(settings.store.path)
         backend = given_backend if given_backend is not None else create_backend(settings)
-        if settings.train.promotion_gate:  # refuse before loading a model for nothing
+        require_adapter_support(backend, settings)  # refuse before loading a model for nothing
+        if settings.train.promotion_gate:
             from openclaw_cli.learn.promotion import require_gate_support
 
             require_gate_support(backend)
         await backend.start()
         sink = SessionCapture(store, settings)
         client = judge_client if judge_client is not None else make_judge_client(settings, backend)
-        trainer = TrainerLoop(store, backend, settings)
+        trainer = TrainerPool(store, backend, settings)
         judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
         from openclaw_cli.learn.promotion import make_publisher
 
@@ -256,6 +259,21 @@ async def launch(
         finally:
             if store is not None:
                 store.close()
+
+
+def require_adapter_support(backend: Backend, settings: Settings) -> None:
+    """Refuse to start where owners would get adapters of their own (``lora.scope = "owner"`` with several owners)
+    that the backend or another setting cannot give them: never a silently shared adapter."""
+    if not separate_adapters(settings):
+        return
+    fix = "or set lora.scope = 'shared' for one adapter everyone shares"
+    if not supports_adapters(backend):
+        raise BackendError(
+            f"lora.scope = 'owner' with several owners: the {backend.name} backend keeps one adapter for everyone "
+            f"(an adapter per owner is built for the local backend so far); use --backend local, {fix}"
+        )
+    if settings.train.promotion_gate:
+        raise BackendError(f"train.promotion_gate does not judge owners' own adapters yet; turn it off, {fix}")
 
 
 def _bind(host: str, port: int) -> socket.socket:

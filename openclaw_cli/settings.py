@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -98,11 +99,55 @@ class JudgeSettings(_Section):
     )
 
 
+# Marks a plain setting whose rejected value is never echoed (a user may paste a secret into it by mistake).
+_MAY_HOLD_SECRETS: dict[str, Any] = {"may_hold_secrets": True}
+
+
 class LoraSettings(_Section):
     rank: int = Field(32, ge=1, le=512)
     alpha: int = Field(32, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     targets: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    scope: Literal["owner", "shared"] = Field(
+        "owner",
+        description="owner = each owner (API key, or session scope with lessons.scope = session) gets an adapter "
+        "of its own, trained on its own conversations only, and is served by it (the base model until its first "
+        "step); shared = one adapter for everyone. A server with one owner (no key or one key) is the same either "
+        "way. See docs/owners.md.",
+    )
+    groups: dict[str, list[str]] = Field(
+        default_factory=dict,
+        json_schema_extra=_MAY_HOLD_SECRETS,  # a key pasted by mistake must not be echoed in the error
+        description="Owners who share one adapter, by group name: each member is an owner id as `openclaw status` "
+        "shows it (key:<hash>, session:<scope>). A group is served and trained as one owner.",
+    )
+    resident_adapters: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Owners' trainer states (weights and optimizer moments) kept in memory at once with "
+        "lora.scope = owner; the least recently trained go to local.state_dir and come back when next trained.",
+    )
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        seen: dict[str, str] = {}
+        for name, members in value.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or name in ("shared", "local"):
+                raise ValueError(
+                    f"group name {name!r} must be letters, digits, '.', '_' or '-' (max 64), not shared or local"
+                )
+            for member in members:
+                if not member.startswith(("key:", "session:")):
+                    raise ValueError(
+                        f"group {name}: member {member[:8]!r}... is not an owner id (key:<hash> or session:<scope>, "
+                        "as `openclaw status` lists owners); never put an API key itself in a group"
+                    )
+                if member in seen and seen[member] != name:
+                    raise ValueError(f"owner {member} is in two groups ({seen[member]} and {name})")
+                seen[member] = name
+        return value
 
 
 class TrainSettings(_Section):
@@ -674,6 +719,8 @@ def _is_section(field: FieldInfo) -> bool:
 
 
 def _is_secret(field: FieldInfo) -> bool:
+    if (field.json_schema_extra or {}) == _MAY_HOLD_SECRETS:
+        return True
     annotation = field.annotation
     if get_origin(annotation) in (Union, types.UnionType):
         return any(arg is SecretStr for arg in get_args(annotation))

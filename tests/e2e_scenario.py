@@ -82,7 +82,8 @@ def make_learnable_model(tiny_model_dir: Path, target: Path, scale: float = EMBE
     return target
 
 
-def e2e_settings(model_dir: Path, tmp: Path, port: int, *, backend: str = "local") -> Settings:
+def e2e_settings(model_dir: Path, tmp: Path, port: int, *, backend: str = "local", **overrides: Any) -> Settings:
+    """The scenario's settings; ``overrides`` are further Settings fields (e.g. API keys)."""
     return Settings(
         backend=backend,
         model=str(model_dir),
@@ -104,6 +105,7 @@ def e2e_settings(model_dir: Path, tmp: Path, port: int, *, backend: str = "local
         store=StoreSettings(path=tmp / "store.sqlite3"),
         local=LocalSettings(state_dir=tmp / "ckpt", seed=0, keep_versions=2, max_concurrent_requests=2),
         proxy={"accept_any_model": True, "expire_every_s": 3600},
+        **overrides,
     )
 
 

@@ -62,7 +62,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from openclaw_cli.backend import Backend
+from openclaw_cli.adapters import adapter_of, trainer_consumer
+from openclaw_cli.backend import Backend, adapter_backend
 from openclaw_cli.capture.redaction import Redactor, enabled_kinds
 from openclaw_cli.learn.lesson_checks import (
     PromptTrial,
@@ -83,7 +84,6 @@ from openclaw_cli.tokenizer import flatten_content
 log = logging.getLogger("openclaw.lessons")
 
 CONSUMER = "lessons"
-TRAINER_CONSUMER = "trainer"  # openclaw_cli.learn.trainer_loop.CONSUMER: turns it completed were trained on
 _WORDS = re.compile(r"[a-z0-9']+")
 LEASE_S = 600.0
 # A candidate that made no difference on this many of its owner's prompts is rejected (nothing here for it to change);
@@ -121,7 +121,7 @@ class LessonKeeper:
         self.settings = settings
         self.book = book
         self._redactor = Redactor({*enabled_kinds(settings.store.redact), "api_key"})
-        self._checked_version: int | None = None
+        self._checked_versions: dict[str, int] | None = None  # each lesson owner's adapter's version, last check
         # A candidate's trials so far, by turn, with the served lessons they were tried beside (their r0 holds only
         # while those stay the same): each prompt is tried once per candidate.
         self._trials: dict[int, tuple[tuple[str, ...], dict[int, PromptTrial | None]]] = {}
@@ -215,11 +215,21 @@ class LessonKeeper:
         Returns whether it did anything."""
         busy = await self._find()
         busy = await self._verify_pending() or busy
-        version = self.backend.current_version().version
-        if version != self._checked_version:
-            self._checked_version = version
+        versions = await self._lesson_versions()
+        if versions != self._checked_versions:
+            self._checked_versions = versions
             busy = await self.check_retirement() or busy
         return busy
+
+    def serving(self, owner: str) -> Backend:
+        """The backend as ``owner``'s adapter sees it: a lesson is tried on, and retired by, its owner's weights."""
+        return adapter_backend(self.backend, adapter_of(self.settings, owner))
+
+    async def _lesson_versions(self) -> dict[str, int]:
+        """The current version of every adapter serving an owner with an active or retired lesson."""
+        owners = await asyncio.to_thread(self.store.lesson_owners, ["active", "retired"])
+        adapters = {adapter_of(self.settings, owner) for owner in owners}
+        return {a: adapter_backend(self.backend, a).current_version().version for a in sorted(adapters)}
 
     async def _find(self) -> bool:
         turns = await asyncio.to_thread(self.store.claim_ready, CONSUMER, 16, LEASE_S)
@@ -338,7 +348,7 @@ class LessonKeeper:
         rivals = await self._rivals(lesson, served)
         started = time.monotonic()
         new = await try_candidate(
-            self.backend,
+            self.serving(lesson.owner),
             lesson.text,
             _correction_of(lesson),
             prompts,
@@ -443,11 +453,11 @@ class LessonKeeper:
         checks in a row (:func:`checks_to_retire`), bring back the slipped ones. Returns whether any was checked."""
         cfg = self.settings.lessons
         lessons = await asyncio.to_thread(self.store.lessons, statuses=["active", "retired"])
-        version = self.backend.current_version().version
         changed = checked = False
         for lesson in lessons:
             if lesson.uses < cfg.min_shaped:
                 continue
+            version = self.serving(lesson.owner).current_version().version
             others = tuple(a.text for a in self.book.for_owner(lesson.owner) if a.id != lesson.id)
             prompts = await self._acting_prompts(lesson, others)
             if len(prompts) < cfg.verify_prompts:
@@ -460,7 +470,7 @@ class LessonKeeper:
                 )
                 continue
             measured = await lesson_effect(
-                self.backend,
+                self.serving(lesson.owner),
                 lesson.text,
                 _correction_of(lesson),
                 prompts[: cfg.verify_prompts],
@@ -536,7 +546,10 @@ class LessonKeeper:
         Each prompt's base trial is run once (at most ``2 * lessons.verify_prompts`` new ones a check)."""
         cfg = self.settings.lessons
         recent = await asyncio.to_thread(
-            self.store.owner_turns, lesson.owner, 8 * cfg.verify_prompts, not_done_by=TRAINER_CONSUMER
+            self.store.owner_turns,
+            lesson.owner,
+            8 * cfg.verify_prompts,
+            not_done_by=trainer_consumer(adapter_of(self.settings, lesson.owner)),
         )
         prompts = [turn for turn in recent if not _told_in_context(turn)]
         known = self._acts.get((lesson.id, others), {})
@@ -545,7 +558,9 @@ class LessonKeeper:
         fresh = [turn for turn in prompts if turn.id not in acts][: 2 * cfg.verify_prompts]
         found = await asyncio.gather(
             *(
-                try_prompt(self.backend, turn, others, lesson.text, _correction_of(lesson), cfg.verify_max_tokens)
+                try_prompt(
+                    self.serving(lesson.owner), turn, others, lesson.text, _correction_of(lesson), cfg.verify_max_tokens
+                )
                 for turn in fresh
             )
         )

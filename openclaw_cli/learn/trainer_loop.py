@@ -54,10 +54,12 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from openclaw_cli.backend import Backend, completion_logprobs
+from openclaw_cli.adapters import SHARED_ADAPTER, TRAINER, adapter_state_dir, trainer_consumer
+from openclaw_cli.backend import Backend, adapter_backend, completion_logprobs
 from openclaw_cli.capture.redaction import withhold_from_training
 from openclaw_cli.learn.algorithms import (
     RunningBaseline,
@@ -77,7 +79,7 @@ from openclaw_cli.types import Datum, FwdBwdResult, PolicyVersion, StepResult
 
 log = logging.getLogger("openclaw.trainer")
 
-CONSUMER = "trainer"
+CONSUMER = TRAINER  # the shared adapter's trainer; an owner's adapter has its own (adapters.trainer_consumer)
 JUDGE_CONSUMER = "judge"
 # Claims are held until this process completes them or dies: a restart's Store.take_over_claims frees a dead
 # process's claims at once, and the store's owner lock rules out a second live trainer, so the lease never needs to
@@ -152,9 +154,21 @@ async def _nothing() -> list[TrainSample]:
 
 
 class TrainerLoop:
-    def __init__(self, store: Store, backend: Backend, settings: Settings, *, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        settings: Settings,
+        *,
+        poll_s: float = 0.5,
+        adapter: str = SHARED_ADAPTER,
+    ) -> None:
         self.store = store
-        self.backend = backend
+        # One adapter's loop (openclaw_cli.adapters): it claims that adapter's turns only, trains and publishes
+        # through the backend as that adapter sees it, and keeps that adapter's steps and checkpoints.
+        self.adapter = adapter
+        self.consumer = trainer_consumer(adapter)
+        self.backend = adapter_backend(backend, adapter)
         self.settings = settings
         self.poll_s = poll_s
         self.stats = TrainerStats()
@@ -169,22 +183,22 @@ class TrainerLoop:
         self._attempts = 0
         self._baseline = RunningBaseline(decay=settings.train.baseline_decay)
         self._replay = DemoReplay(settings.train.demo_replay)
-        self._can_discard = callable(getattr(backend, "discard_gradients", None))
+        self._can_discard = callable(getattr(self.backend, "discard_gradients", None))
         # How a trained step reaches serving: the backend's publish, or a promotion gate's (see openclaw launch).
-        self.publisher: Callable[[str], Awaitable[PolicyVersion]] = backend.publish
+        self.publisher: Callable[[str], Awaitable[PolicyVersion]] = self.backend.publish
         # What that publish decided (the promotion gate's summary), recorded in the step's row; None for a plain one.
         self.publish_decision: Callable[[], dict[str, Any] | None] = lambda: None
 
     @property
     def state_dir(self) -> Path:
-        return Path(self.settings.local.state_dir).expanduser().resolve()
+        return adapter_state_dir(Path(self.settings.local.state_dir).expanduser().resolve(), self.adapter)
 
     async def waiting(self) -> int:
         """Judged turns this trainer has not finished and will still train: written by a policy version within
         ``train.max_staleness`` of the current one (the judge paces itself on this, see ``judge.max_ahead``)."""
         oldest_usable = self.backend.current_version().version - self.settings.train.max_staleness
         count, _ = await asyncio.to_thread(
-            self.store.backlog, CONSUMER, after=JUDGE_CONSUMER, min_version=max(0, oldest_usable)
+            self.store.backlog, self.consumer, after=JUDGE_CONSUMER, min_version=max(0, oldest_usable)
         )
         return count
 
@@ -193,11 +207,11 @@ class TrainerLoop:
     async def resume(self) -> int | None:
         """Take over the trainer's claims, load the newest loadable checkpoint and undo the steps it lacks (see the
         module docstring). Returns the step it resumed from (None: no checkpoint, training starts from the base)."""
-        released = await asyncio.to_thread(self.store.take_over_claims, CONSUMER)
+        released = await asyncio.to_thread(self.store.take_over_claims, self.consumer)
         if released:
             log.info("released %d turn(s) a previous process had claimed for training", released)
         await asyncio.to_thread(self._remove_partial_checkpoints)
-        store_steps = await asyncio.to_thread(self.store.steps)
+        store_steps = await asyncio.to_thread(partial(self.store.steps, adapter=self.adapter))
         last_recorded = store_steps[-1][0] if store_steps else 0
         resumed = await self._load_newest_checkpoint()
         base = resumed or 0
@@ -208,7 +222,7 @@ class TrainerLoop:
                 resumed,
                 last_recorded,
             )
-        reopened = await asyncio.to_thread(self.store.discard_steps_after, base, CONSUMER)
+        reopened = await asyncio.to_thread(self.store.discard_steps_after, base, self.consumer, self.adapter)
         if last_recorded > base:
             log.warning(
                 "steps %d-%d never reached a checkpoint (the last run stopped without one); %d turn(s) they "
@@ -227,7 +241,7 @@ class TrainerLoop:
     async def _load_newest_checkpoint(self) -> int | None:
         """Load the newest checkpoint that loads; None when there is none. Raises ResumeError when some exist but
         none loads (refusing is safer than silently dropping the record of every step since the base)."""
-        recorded = await asyncio.to_thread(self.store.checkpoints)
+        recorded = await asyncio.to_thread(self.store.checkpoints, self.adapter)
         candidates: dict[int, str] = {step: path for step, path in recorded}
         for step, directory in list_checkpoints(self.state_dir):
             candidates.setdefault(step, str(directory))
@@ -268,7 +282,7 @@ class TrainerLoop:
             return None
         step = self.step
         path = await self.backend.save_state(checkpoint_name(step))
-        await asyncio.to_thread(self.store.record_checkpoint, step, path)
+        await asyncio.to_thread(partial(self.store.record_checkpoint, step, path, adapter=self.adapter))
         self._last_checkpoint_step = step
         await asyncio.to_thread(self._prune_checkpoints)
         log.info("checkpoint saved: %s", path)
@@ -277,7 +291,7 @@ class TrainerLoop:
     def _prune_checkpoints(self) -> None:
         for step, path in list_checkpoints(self.state_dir)[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(path, ignore_errors=True)
-            self.store.forget_checkpoint(step)
+            self.store.forget_checkpoint(step, self.adapter)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Train whenever a batch is ready until ``stop`` is set; the step in progress finishes, then a checkpoint."""
@@ -338,7 +352,7 @@ class TrainerLoop:
         def claim() -> list[tuple[TurnRecord, Any]]:
             # Newest first: users who talk faster than the trainer steps leave a backlog, and training it in order
             # would only ever reach turns too many versions old to train on (dropped as stale after scoring).
-            turns = self.store.claim_ready(CONSUMER, want, LEASE_S, after=JUDGE_CONSUMER, newest_first=True)
+            turns = self.store.claim_ready(self.consumer, want, LEASE_S, after=JUDGE_CONSUMER, newest_first=True)
             return [(turn, self.store.result_of(JUDGE_CONSUMER, turn.id)) for turn in turns]
 
         gave_up: list[TurnRecord] = []
@@ -490,9 +504,16 @@ class TrainerLoop:
         already hold the update, so the batch must not be trained again)."""
         report = pending.report
         try:
-            await asyncio.to_thread(
-                self.store.commit_step, report.step, report.version, report.metrics, CONSUMER, pending.results
+            commit = partial(
+                self.store.commit_step,
+                report.step,
+                report.version,
+                report.metrics,
+                self.consumer,
+                pending.results,
+                adapter=self.adapter,
             )
+            await asyncio.to_thread(commit)
         except Exception as exc:
             self._uncommitted = pending
             self.stats.failures += 1
@@ -526,7 +547,7 @@ class TrainerLoop:
     async def _complete(self, batch: list[TurnRecord], outcome: dict[str, Any]) -> None:
         text = json.dumps(outcome)
         for turn in batch:
-            await asyncio.to_thread(self.store.complete, CONSUMER, turn.id, text)
+            await asyncio.to_thread(self.store.complete, self.consumer, turn.id, text)
 
     # -- samples --------------------------------------------------------------------------------------------------
 

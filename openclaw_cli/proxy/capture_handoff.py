@@ -174,6 +174,7 @@ def build_exchange(
         "request_id": call.request_id,
         "endpoint": call.request.scope["path"],
         "owner": prepared.owner,
+        "adapter": prepared.adapter,
     }
     if prepared.lessons:  # the prompt as served: prompt_tokens were rendered with these in the lesson block
         metadata["lessons"] = describe(prepared.lessons)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, cast
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import Backend, BackendError, ChatTokenizer
 from openclaw_cli.lesson_prompt import LOCAL_OWNER, ActiveLesson
 from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, ProxyError, from_backend_exception
@@ -50,6 +51,7 @@ class PreparedPrompt:
     starts_in_reasoning: bool  # the rendered prompt ends inside an open <think>
     lessons: tuple[ActiveLesson, ...] = ()  # the owner's lessons placed in the prompt
     owner: str = LOCAL_OWNER  # whose lessons these are (never an API key itself)
+    adapter: str = SHARED_ADAPTER  # whose weights serve it (openclaw_cli.adapters)
 
 
 # Below this much message text a render takes ~0.2 ms: less than handing it to a worker thread and back costs (and

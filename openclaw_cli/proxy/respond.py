@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from openclaw_cli.adapters import ADAPTER_HEADER, adapter_of
 from openclaw_cli.capture import ApiKind
 from openclaw_cli.capture.sessions import client_session_scope, likely_main_line
 from openclaw_cli.lesson_prompt import (
@@ -75,7 +76,13 @@ async def start_call(request: Request, state: ProxyState, req: R, *, api: ApiKin
         default_max_tokens=state.settings.proxy.default_max_tokens,
         max_output_tokens=state.settings.proxy.max_output_tokens,
     )
-    prepared = replace(prepared, messages=req.messages, lessons=tuple(lessons), owner=owner)
+    prepared = replace(
+        prepared,
+        messages=req.messages,
+        lessons=tuple(lessons),
+        owner=owner,
+        adapter=adapter_of(state.settings, owner),
+    )
     constraints, constraint = decoding_constraint(
         state.backend,
         req.constraints,
@@ -115,8 +122,12 @@ def request_owner(request: Request, settings: Settings, body: dict[str, Any]) ->
     return owner_of(settings, presented_key(request.scope.get("headers", [])), scope)
 
 
-def lesson_headers(call: ApiCall[Any]) -> dict[str, str]:
-    return {LESSONS_HEADER: lessons_header_value(lesson.id for lesson in call.prepared.lessons)}
+def served_by_headers(call: ApiCall[Any]) -> dict[str, str]:
+    """What shaped the reply besides the policy version: the lessons in its prompt and the adapter that answered."""
+    return {
+        LESSONS_HEADER: lessons_header_value(lesson.id for lesson in call.prepared.lessons),
+        ADAPTER_HEADER: call.prepared.adapter,
+    }
 
 
 async def answer(call: ApiCall[R], reply: ReplyFormat[R], n: int = 1) -> Response:
@@ -124,7 +135,7 @@ async def answer(call: ApiCall[R], reply: ReplyFormat[R], n: int = 1) -> Respons
     has to be checked before it is sent; else the whole reply (JSON, or replayed as a stream)."""
     req = call.req
     api_headers = reply.headers
-    reply = replace(reply, headers=lambda r, version: {**api_headers(r, version), **lesson_headers(call)})
+    reply = replace(reply, headers=lambda r, version: {**api_headers(r, version), **served_by_headers(call)})
     if req.stream and not req.constraints.active:
         opened = await open_stream(call.state, call.prepared, n)
         return stream_response(opened, reply.live(call, opened), partial(reply.headers, req))
@@ -147,8 +158,9 @@ async def whole_reply_response(call: ApiCall[R], reply: ReplyFormat[R], n: int) 
     request, state, req = call.request, call.state, call.req
     limits = state.settings.proxy
     lease = state.lease()
+    backend = state.serving(call.prepared.adapter)
     sampling = sample_satisfying(
-        state.backend,
+        backend,
         call.prepared,
         n,
         req.constraints,
@@ -172,7 +184,7 @@ async def whole_reply_response(call: ApiCall[R], reply: ReplyFormat[R], n: int) 
             keepalive_frame=KEEPALIVE_COMMENT,
             replay=replay,
             error_frame=partial(reply.error_frame, req),
-            early_headers=reply.headers(req, state.backend.current_version().version),
+            early_headers=reply.headers(req, backend.current_version().version),
             retry_after_s=limits.retry_after_s,
         )
     try:

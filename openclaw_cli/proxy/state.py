@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from openclaw_cli.backend import Backend, BackendError
+from openclaw_cli.backend import Backend, BackendError, adapter_backend
 from openclaw_cli.capture import CaptureSink
 from openclaw_cli.lesson_prompt import LessonBook
 from openclaw_cli.proxy.capture_handoff import CaptureRecorder
@@ -71,6 +71,10 @@ class ProxyState:
     responses: StoredResponses = field(default_factory=StoredResponses)  # for previous_response_id
     lessons: LessonBook | None = None  # active lessons by owner, placed in main-line prompts (lesson_prompt.py)
     lesson_desk: Any = None  # what the lesson and feedback routes call (lesson_routes.LessonDesk), None = 501
+
+    def serving(self, adapter: str) -> Backend:
+        """The backend as ``adapter`` sees it: what a request of an owner served by that adapter samples from."""
+        return adapter_backend(self.backend, adapter)
 
     def lease(self) -> InFlightLease:
         self.in_flight += 1

@@ -35,7 +35,8 @@ class OpenStream:
 
 async def open_stream(state: ProxyState, prepared: PreparedPrompt, n: int = 1) -> OpenStream:
     lease = state.lease()
-    events = merged_events(open_streams(state.backend, prepared, n), keepalive_s=state.settings.proxy.keepalive_s)
+    backend = state.serving(prepared.adapter)
+    events = merged_events(open_streams(backend, prepared, n), keepalive_s=state.settings.proxy.keepalive_s)
     try:
         first = await events.__anext__()
     except BaseException as exc:
@@ -47,5 +48,5 @@ async def open_stream(state: ProxyState, prepared: PreparedPrompt, n: int = 1) -
         raise
     if first is not None:
         state.health.succeeded()
-    version = first[1].version if first is not None else state.backend.current_version().version
+    version = first[1].version if first is not None else backend.current_version().version
     return OpenStream(events, first, lease, version)

@@ -108,7 +108,10 @@ class StoreBase:
                 # Re-read under the write lock: another process opening the same file may have migrated meanwhile.
                 if conn.execute("PRAGMA user_version").fetchone()[0] == step:
                     for statement in MIGRATIONS[step]:
-                        conn.execute(statement)
+                        if isinstance(statement, str):
+                            conn.execute(statement)
+                        else:
+                            statement(conn)
                     conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                     conn.execute(f"PRAGMA user_version={step + 1}")
                 conn.execute("COMMIT")

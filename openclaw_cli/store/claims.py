@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any
 
+from openclaw_cli.adapters import consumer_adapter
 from openclaw_cli.store.base import StoreBase
 from openclaw_cli.store.records import (
     TURN_COLUMNS,
@@ -16,6 +17,7 @@ from openclaw_cli.store.records import (
     turn_from_row,
 )
 from openclaw_cli.store.schema import (
+    TURN_ADAPTER,
     StoreError,
 )
 
@@ -51,10 +53,14 @@ class HandoffQueue(StoreBase):
             if after is not None
             else ""
         )
+        adapter = consumer_adapter(consumer)
         with self.transaction():
             params: list[Any] = [self._floor(consumer), consumer, now]
             if after is not None:
                 params.append(after)
+            if adapter is not None:
+                chain += f" AND {TURN_ADAPTER} = ?"
+                params.append(adapter)
             params.append(limit)
             rows = self._conn.execute(
                 f"SELECT {TURN_COLUMNS} FROM {TURN_FROM} "
@@ -127,15 +133,19 @@ class HandoffQueue(StoreBase):
         """Move the consumer's floor over the run of done turns just above it (completions arrive out of order;
         the floor only passes a turn once it and everything before it are done)."""
         floor = start = self._floor(consumer)
+        adapter = consumer_adapter(consumer)
+        # A trainer of one adapter passes over the other adapters' turns: they are never its to complete.
+        theirs = "0" if adapter is None else f"{TURN_ADAPTER} != ?"
         while True:
             rows = self._conn.execute(
-                "SELECT t.ready_seq, c.done_at FROM turns t LEFT JOIN claims c ON c.consumer = ? AND c.turn_id = t.id "
+                f"SELECT t.ready_seq, c.done_at, {theirs} FROM turns t "
+                "LEFT JOIN claims c ON c.consumer = ? AND c.turn_id = t.id "
                 "WHERE t.ready_seq > ? ORDER BY t.ready_seq LIMIT ?",
-                (consumer, floor, window),
+                ((adapter,) if adapter is not None else ()) + (consumer, floor, window),
             ).fetchall()
             blocked = False
-            for seq, done_at in rows:
-                if done_at is None:
+            for seq, done_at, not_ours in rows:
+                if done_at is None and not not_ours:
                     blocked = True
                     break
                 floor = seq
@@ -254,6 +264,10 @@ class HandoffQueue(StoreBase):
             if min_version is not None:
                 chain += " AND t.version >= ?"
                 params.append(min_version)
+            adapter = consumer_adapter(consumer)
+            if adapter is not None:
+                chain += f" AND {TURN_ADAPTER} = ?"
+                params.append(adapter)
             count, oldest = self._conn.execute(
                 "SELECT COUNT(*), MIN(t.ready_at) FROM turns t WHERE t.ready_seq > ? AND t.turn_type = 'main' "
                 "AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "

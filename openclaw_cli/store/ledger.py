@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.store.claims import HandoffQueue
 from openclaw_cli.store.codec import dumps_json
 
@@ -23,6 +24,7 @@ class StepLedger(HandoffQueue):
         consumer: str,
         results: dict[int, Any],
         *,
+        adapter: str = SHARED_ADAPTER,
         now: float | None = None,
     ) -> int:
         """In ONE transaction: the step's metrics row, and ``consumer``'s completion of every turn of its batch
@@ -32,8 +34,8 @@ class StepLedger(HandoffQueue):
         now = time.time() if now is None else now
         with self.transaction():
             self._conn.execute(
-                "INSERT OR REPLACE INTO steps (step, version, created_at, metrics) VALUES (?, ?, ?, ?)",
-                (step, version, now, dumps_json(metrics)),
+                "INSERT OR REPLACE INTO steps (adapter, step, version, created_at, metrics) VALUES (?, ?, ?, ?, ?)",
+                (adapter, step, version, now, dumps_json(metrics)),
             )
             completed = 0
             for turn_id, result in results.items():
@@ -42,23 +44,26 @@ class StepLedger(HandoffQueue):
                 self._advance_floor(consumer)
         return completed
 
-    def record_checkpoint(self, step: int, path: str, *, now: float | None = None) -> None:
-        """Note that the state after ``step`` was saved at ``path`` (whatever the backend's save_state returned)."""
+    def record_checkpoint(
+        self, step: int, path: str, *, adapter: str = SHARED_ADAPTER, now: float | None = None
+    ) -> None:
+        """Note that the state of ``adapter`` after its ``step`` was saved at ``path`` (what save_state returned)."""
         with self.transaction():
             self._conn.execute(
-                "INSERT OR REPLACE INTO checkpoints (step, path, created_at) VALUES (?, ?, ?)",
-                (step, path, time.time() if now is None else now),
+                "INSERT OR REPLACE INTO checkpoints (adapter, step, path, created_at) VALUES (?, ?, ?, ?)",
+                (adapter, step, path, time.time() if now is None else now),
             )
 
-    def checkpoints(self) -> list[tuple[int, str]]:
-        """Recorded checkpoints as (step, path), oldest first."""
-        return [(s, p) for s, p in self._read("SELECT step, path FROM checkpoints ORDER BY step")]
+    def checkpoints(self, adapter: str = SHARED_ADAPTER) -> list[tuple[int, str]]:
+        """Recorded checkpoints of ``adapter`` as (step, path), oldest first."""
+        rows = self._read("SELECT step, path FROM checkpoints WHERE adapter = ? ORDER BY step", (adapter,))
+        return [(s, p) for s, p in rows]
 
-    def forget_checkpoint(self, step: int) -> None:
+    def forget_checkpoint(self, step: int, adapter: str = SHARED_ADAPTER) -> None:
         with self.transaction():
-            self._conn.execute("DELETE FROM checkpoints WHERE step = ?", (step,))
+            self._conn.execute("DELETE FROM checkpoints WHERE adapter = ? AND step = ?", (adapter, step))
 
-    def discard_steps_after(self, step: int, consumer: str) -> list[int]:
+    def discard_steps_after(self, step: int, consumer: str, adapter: str = SHARED_ADAPTER) -> list[int]:
         """Undo the record of every step after ``step``, whose weights are gone (a crash before they reached a
         checkpoint; resume loaded the checkpoint of ``step``): their rows and checkpoint records are deleted and
         every turn ``consumer`` completed as part of them is reopened, so it is trained again, once, in the
@@ -70,8 +75,8 @@ class StepLedger(HandoffQueue):
                 (consumer, step),
             ).fetchall()
             self._conn.execute("DELETE FROM claims WHERE consumer = ? AND step > ?", (consumer, step))
-            self._conn.execute("DELETE FROM steps WHERE step > ?", (step,))
-            self._conn.execute("DELETE FROM checkpoints WHERE step > ?", (step,))
+            self._conn.execute("DELETE FROM steps WHERE adapter = ? AND step > ?", (adapter, step))
+            self._conn.execute("DELETE FROM checkpoints WHERE adapter = ? AND step > ?", (adapter, step))
             seqs = [seq for _, seq in rows if seq is not None]
             if seqs and min(seqs) <= self._floor(consumer):
                 # The floor promised everything up to it is done; the reopened turns break that promise.
@@ -79,21 +84,43 @@ class StepLedger(HandoffQueue):
         return [turn_id for turn_id, _ in rows]
 
     # trainer metrics (placeholder for the training loop) ------------------------------------------------------------
-    def record_step(self, step: int, version: int | None, metrics: dict[str, Any], *, now: float | None = None) -> None:
+    def record_step(
+        self,
+        step: int,
+        version: int | None,
+        metrics: dict[str, Any],
+        *,
+        adapter: str = SHARED_ADAPTER,
+        now: float | None = None,
+    ) -> None:
         with self.transaction():
             self._conn.execute(
-                "INSERT OR REPLACE INTO steps (step, version, created_at, metrics) VALUES (?, ?, ?, ?)",
-                (step, version, time.time() if now is None else now, dumps_json(metrics)),
+                "INSERT OR REPLACE INTO steps (adapter, step, version, created_at, metrics) VALUES (?, ?, ?, ?, ?)",
+                (adapter, step, version, time.time() if now is None else now, dumps_json(metrics)),
             )
 
-    def last_step_at(self, when: float) -> int:
-        """The last step recorded at or before ``when`` (0 when none was)."""
-        return int(self._read("SELECT IFNULL(MAX(step), 0) FROM steps WHERE created_at <= ?", (when,))[0][0])
-
-    def steps(self, *, after: int | None = None) -> list[tuple[int, int | None, float, dict[str, Any]]]:
-        """(step, version, created_at, metrics) rows in step order; only those past ``after`` when given."""
+    def last_step_at(self, when: float, adapter: str = SHARED_ADAPTER) -> int:
+        """The last step of ``adapter`` recorded at or before ``when`` (0 when none was)."""
         rows = self._read(
-            "SELECT step, version, created_at, metrics FROM steps WHERE step > ? ORDER BY step",
-            (-1 if after is None else after,),
+            "SELECT IFNULL(MAX(step), 0) FROM steps WHERE adapter = ? AND created_at <= ?", (adapter, when)
+        )
+        return int(rows[0][0])
+
+    def steps(
+        self, *, after: int | None = None, adapter: str = SHARED_ADAPTER
+    ) -> list[tuple[int, int | None, float, dict[str, Any]]]:
+        """(step, version, created_at, metrics) rows of ``adapter`` in step order; only those past ``after``."""
+        rows = self._read(
+            "SELECT step, version, created_at, metrics FROM steps WHERE adapter = ? AND step > ? ORDER BY step",
+            (adapter, -1 if after is None else after),
         )
         return [(s, v, t, json.loads(m)) for s, v, t, m in rows]
+
+    def adapter_summaries(self) -> list[tuple[str, int, int | None, float]]:
+        """(adapter, last step, its version, when) of every adapter that has taken a step, the latest first."""
+        rows = self._read(
+            "SELECT s.adapter, s.step, s.version, s.created_at FROM steps s "
+            "JOIN (SELECT adapter, MAX(step) AS step FROM steps GROUP BY adapter) last "
+            "ON last.adapter = s.adapter AND last.step = s.step ORDER BY s.created_at DESC"
+        )
+        return [(a, int(s), v, float(t)) for a, s, v, t in rows]

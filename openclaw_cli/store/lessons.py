@@ -118,6 +118,21 @@ class LessonLedger(StoreBase):
         )
         return [_lesson_from_row(row[:-1], uses=row[-1]) for row in rows]
 
+    def adapters_since(self, turn_id: int) -> tuple[int, list[str]]:
+        """(the newest turn id, the adapters that served a turn after ``turn_id``): how the trainer finds new
+        owners without scanning every turn each time."""
+        rows = self._read(
+            "SELECT adapter, MAX(turn_id) FROM turn_owners WHERE turn_id > ? GROUP BY adapter", (turn_id,)
+        )
+        newest = max((int(row[1]) for row in rows), default=turn_id)
+        return newest, sorted(row[0] for row in rows)
+
+    def lesson_owners(self, statuses: Sequence[str]) -> list[str]:
+        """Owners with a lesson in one of ``statuses``."""
+        marks = ",".join("?" * len(statuses))
+        rows = self._read(f"SELECT DISTINCT owner FROM lessons WHERE status IN ({marks}) ORDER BY owner", statuses)
+        return [row[0] for row in rows]
+
     def lesson_counts(self) -> dict[str, int]:
         """How many lessons each status holds (statuses without lessons left out)."""
         return {status: int(n) for status, n in self._read("SELECT status, COUNT(*) FROM lessons GROUP BY status")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from typing import Literal
 
 SynchronousMode = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
@@ -17,8 +19,33 @@ class StoreError(RuntimeError):
     """The store cannot be opened or used; the message says which file and what to do."""
 
 
+def _adapters_per_owner(conn: sqlite3.Connection) -> None:
+    """Migration 5 -> 6 (a function so that a store whose version was set back migrates again: tests do)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(turn_owners)")}
+    if "adapter" not in columns:
+        conn.execute("ALTER TABLE turn_owners ADD COLUMN adapter TEXT NOT NULL DEFAULT 'shared'")
+    conn.execute("CREATE INDEX IF NOT EXISTS turn_owners_adapter ON turn_owners(adapter, turn_id)")
+    for table, columns_sql, copied in (
+        ("steps", "version INTEGER, created_at REAL NOT NULL, metrics TEXT NOT NULL", "version, created_at, metrics"),
+        ("checkpoints", "path TEXT NOT NULL, created_at REAL NOT NULL", "path, created_at"),
+    ):
+        if "adapter" in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            continue
+        conn.execute(
+            f"CREATE TABLE {table}_by_adapter (adapter TEXT NOT NULL, step INTEGER NOT NULL, {columns_sql}, "
+            "PRIMARY KEY (adapter, step))"
+        )
+        conn.execute(
+            f"INSERT INTO {table}_by_adapter (adapter, step, {copied}) SELECT 'shared', step, {copied} FROM {table}"
+        )
+        conn.execute(f"DROP TABLE {table}")
+        conn.execute(f"ALTER TABLE {table}_by_adapter RENAME TO {table}")
+
+
+Migration = str | Callable[[sqlite3.Connection], None]
+
 # Each entry migrates from user_version == index to index + 1. Append only; never edit a released step.
-MIGRATIONS: list[tuple[str, ...]] = [
+MIGRATIONS: list[tuple[Migration, ...]] = [
     (
         """CREATE TABLE sessions (
             id TEXT PRIMARY KEY,
@@ -195,6 +222,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
             value TEXT NOT NULL               -- JSON
         )""",
     ),
+    # 5 -> 6: an adapter per owner (openclaw_cli.adapters). Which adapter served each turn (the one its tokens and
+    # log-probabilities came from, so the one it trains), and steps and checkpoints numbered per adapter. Everything
+    # already stored belongs to the shared adapter, as it did.
+    (_adapters_per_owner,),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -206,3 +237,5 @@ CACHE_KIB = 64 * 1024  # page cache ceiling; the default 2 MiB makes every index
 WAL_BACKSTOP_PAGES = 16384
 CHECKPOINT_DELAY_S = 0.2  # lets a burst of commits share one checkpoint
 CHECKPOINTER_IDLE_EXIT_S = 30.0  # an idle checkpointer stops (and restarts on the next commit)
+# The adapter that served turn ``t`` (rows captured before owners were recorded are the shared adapter's).
+TURN_ADAPTER = "COALESCE((SELECT o.adapter FROM turn_owners o WHERE o.turn_id = t.id), 'shared')"

@@ -6,6 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.capture.secrets_scrub import scrub_secrets
 from openclaw_cli.store.codec import dumps_json
 from openclaw_cli.store.records import (
@@ -138,11 +139,14 @@ class StoreTx:
         return turn_id
 
     def _record_lesson_context(self, turn_id: int, turn: NewTurn) -> None:
-        """Who the turn was served for and (main turns) which lessons shaped it: metadata ``owner`` and ``lessons``
-        (``[{"id": ..., "text": ...}]``), as the proxy recorded them."""
-        owner = turn.metadata.get("owner")
+        """Who the turn was served for, by which adapter, and (main turns) which lessons shaped it: metadata
+        ``owner``, ``adapter`` and ``lessons`` (``[{"id": ..., "text": ...}]``), as the proxy recorded them."""
+        owner, adapter = turn.metadata.get("owner"), turn.metadata.get("adapter")
         if isinstance(owner, str) and owner:
-            self._conn.execute("INSERT INTO turn_owners (turn_id, owner) VALUES (?, ?)", (turn_id, owner))
+            self._conn.execute(
+                "INSERT INTO turn_owners (turn_id, owner, adapter) VALUES (?, ?, ?)",
+                (turn_id, owner, adapter if isinstance(adapter, str) and adapter else SHARED_ADAPTER),
+            )
         lessons = turn.metadata.get("lessons")
         if turn.turn_type == "main" and isinstance(lessons, list):
             ids = {item["id"] for item in lessons if isinstance(item, dict) and isinstance(item.get("id"), int)}

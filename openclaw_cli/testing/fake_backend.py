@@ -14,11 +14,13 @@ can be tested; a pinned known version is reported as the one that answered). Nev
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import BackendError, ChatTokenizer, NotYetAvailable
 from openclaw_cli.capture import CapturedExchange, RecordedTurn
 from openclaw_cli.types import (
@@ -103,6 +105,25 @@ class FakeBackend:
         self.calls: list[FakeCall] = []
         self.started = False
         self.closed = False
+        self.adapter_name = SHARED_ADAPTER
+        self._views: dict[str, FakeBackend] = {}
+
+    # -- optional capability: an adapter per owner (SupportsAdapters) -----------------------------------------------
+
+    def adapter(self, name: str) -> FakeBackend:
+        """The double as adapter ``name`` sees it: its own version numbers (the base, 0, until it publishes), the
+        same script and call log (the replies come from one queue whichever adapter asks)."""
+        if name == self.adapter_name:
+            return self
+        view = self._views.get(name)
+        if view is None:
+            view = copy.copy(self)
+            view.adapter_name = name
+            view._version = PolicyVersion(0, "fake-base")
+            view._servable = {0: view._version}
+            view._latest = 0
+            self._views[name] = view
+        return view
 
     def queue(self, *replies: str | ScriptedReply) -> None:
         for reply in replies:

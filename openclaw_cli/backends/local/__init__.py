@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import importlib
 import json
 import os
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from openclaw_cli.adapters import SHARED_ADAPTER, adapter_state_dir, separate_adapters
 from openclaw_cli.backend import BackendError, Check
 from openclaw_cli.backends.local.heap import keep_large_allocations_mapped, release_free_memory
 from openclaw_cli.backends.sampler_serving import ServesFromSampler
@@ -40,9 +42,10 @@ from openclaw_cli.types import (
 )
 
 if TYPE_CHECKING:
+    from openclaw_cli.backends.local.adapter_states import AdapterStates
     from openclaw_cli.backends.local.lora_delta import LoraWeights
     from openclaw_cli.backends.local.model_loading import LoadedModel
-    from openclaw_cli.backends.local.sampler import TransformersSampler
+    from openclaw_cli.backends.local.sampler import AdapterSampler, TransformersSampler
     from openclaw_cli.backends.local.serving import PolicyVersions
     from openclaw_cli.backends.local.trainer import LoraTrainer
     from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
@@ -69,6 +72,20 @@ def choose_sampler(preference: str) -> SamplerKind:
     return "vllm" if usable else "transformers"
 
 
+def _sampler_for(settings: Settings) -> SamplerKind:
+    """:func:`choose_sampler`, except that an adapter per owner is served by the transformers sampler only (so far):
+    ``auto`` then picks it, and an explicit ``vllm`` is refused with the fix."""
+    if not separate_adapters(settings):
+        return choose_sampler(settings.local.sampler)
+    if settings.local.sampler == "vllm":
+        raise BackendError(
+            "lora.scope = 'owner' with several owners needs the transformers sampler for now (vLLM's multi-LoRA "
+            "serving per owner is not built yet); set local.sampler = 'transformers', or lora.scope = 'shared' for "
+            "one adapter everyone shares"
+        )
+    return "transformers"
+
+
 class LocalBackend(ServesFromSampler):
     """In-process policy: PEFT LoRA trainer + versioned serving over one copy of the base weights.
 
@@ -89,8 +106,54 @@ class LocalBackend(ServesFromSampler):
         self._vllm_adapters: Path | None = None
         self._train_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
-        self._published_step = 0  # trainer step whose weights the current version serves (-1: none)
-        self._staged_step: tuple[int, int] | None = None  # (version, trainer step) of the last staged version
+        # Per adapter (openclaw_cli.adapters), shared by reference with every view (:meth:`adapter`): the trainer
+        # step whose weights the adapter's current version serves (-1: none; absent: 0), and (version, trainer
+        # step) of the adapter's last staged version.
+        self._adapter = SHARED_ADAPTER
+        self._states: AdapterStates | None = None
+        self._served_steps: dict[str, int] = {}
+        self._staged_steps: dict[str, tuple[int, int]] = {}
+        self._views: dict[str, LocalBackend] = {}
+
+    # -- one adapter per owner ------------------------------------------------------------------------------------
+
+    def adapter(self, name: str) -> LocalBackend:
+        """This backend as adapter ``name`` sees it: serving, scoring, training, versions and checkpoints all act on
+        that adapter alone (``SHARED_ADAPTER``: this backend itself). The view shares everything else (the model,
+        the sampler, the locks) with this backend, so it is cheap; call after :meth:`start`."""
+        if name == self._adapter:
+            return self
+        if self._vllm is not None:
+            raise BackendError(
+                "an adapter per owner is not served by the vLLM sampler yet; set local.sampler = 'transformers' or "
+                "lora.scope = 'shared'"
+            )
+        view = self._views.get(name)
+        if view is None:
+            view = copy.copy(self)  # a shallow copy: every attribute but the adapter name is the same object
+            view._adapter = name
+            self._views[name] = view
+        return view
+
+    @property
+    def adapter_name(self) -> str:
+        return self._adapter
+
+    async def _hold(self) -> LoraTrainer:
+        """The trainer, holding this view's adapter (call under the training lock)."""
+        trainer = self._require_trainer()
+        states = self._states
+        if states is not None and states.holding != self._adapter:
+            await asyncio.to_thread(states.hold, self._adapter)
+        return trainer
+
+    @property
+    def _published_step(self) -> int:
+        return self._served_steps.get(self._adapter, 0)
+
+    @_published_step.setter
+    def _published_step(self, step: int) -> None:
+        self._served_steps[self._adapter] = step
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -98,7 +161,7 @@ class LocalBackend(ServesFromSampler):
         async with self._start_lock:
             if self._torch_sampler is not None:
                 return
-            kind = choose_sampler(self.settings.local.sampler)
+            kind = _sampler_for(self.settings)
             keep_large_allocations_mapped()  # before the model's tensors exist (see heap.py)
             loaded, trainer, versions, torch_sampler = await asyncio.to_thread(self._build)
             if kind == "vllm":
@@ -114,6 +177,14 @@ class LocalBackend(ServesFromSampler):
                     raise
                 self._vllm = vllm
             self._loaded, self._trainer, self._versions = loaded, trainer, versions
+            from openclaw_cli.backends.local.adapter_states import AdapterStates
+
+            state_dir = Path(self.settings.local.state_dir).expanduser().resolve()
+            self._states = AdapterStates(
+                trainer,
+                resident=self.settings.lora.resident_adapters,
+                directory_of=lambda adapter: adapter_state_dir(state_dir, adapter),
+            )
             self._torch_sampler = torch_sampler
             self.sampler_kind = kind
 
@@ -149,7 +220,8 @@ class LocalBackend(ServesFromSampler):
         if self._vllm_adapters is not None:
             shutil.rmtree(self._vllm_adapters, ignore_errors=True)
         self._vllm = self._vllm_adapters = self._torch_sampler = None
-        self._versions = self._trainer = self._loaded = None
+        self._versions = self._trainer = self._loaded = self._states = None
+        self._views.clear()
 
     # -- serving ------------------------------------------------------------------------------------------------
 
@@ -206,32 +278,34 @@ class LocalBackend(ServesFromSampler):
         return self._serving_sampler().accepts_constraint(constraint)
 
     def current_version(self) -> PolicyVersion:
-        return self._require_versions().current()
+        return self._require_versions().current(self._adapter)
 
     async def next_token_logprobs(
         self, prompt_tokens: list[int], candidates: list[int], *, version: int | None = None
     ) -> list[float]:
         """log p(c | prompt) for each candidate token, one forward pass (the judge's verdict readout)."""
-        return await self._require_sampler().next_token_logprobs(prompt_tokens, candidates, version=version)
+        return await self._require_sampler().next_token_logprobs(
+            prompt_tokens, candidates, version=version, adapter=self._adapter
+        )
 
     # -- training -----------------------------------------------------------------------------------------------
 
     async def forward_backward(
         self, datums: list[Datum], loss: LossName, loss_config: dict[str, float] | None = None
     ) -> FwdBwdResult:
-        trainer = self._require_trainer()
         async with self._train_lock:
+            trainer = await self._hold()
             with self._require_sampler().other_work.running():  # decode steps leave it cores meanwhile
                 return await asyncio.to_thread(trainer.forward_backward, datums, loss, loss_config)
 
     async def discard_gradients(self) -> None:
-        trainer = self._require_trainer()
         async with self._train_lock:
+            trainer = await self._hold()
             trainer.discard_gradients()  # sets .grad to None: no tensor work worth a thread
 
     async def optim_step(self, adam: AdamParams) -> StepResult:
-        trainer = self._require_trainer()
         async with self._train_lock:
+            trainer = await self._hold()
             with self._require_sampler().other_work.running():
                 result = await asyncio.to_thread(trainer.optim_step, adam)
             # The step's activations and gradients are all freed by now: give their pages back (see heap.py).
@@ -239,8 +313,8 @@ class LocalBackend(ServesFromSampler):
             return result
 
     async def publish(self, name: str | None = None) -> PolicyVersion:
-        trainer = self._require_trainer()
         async with self._train_lock:
+            trainer = await self._hold()
             weights = await asyncio.to_thread(trainer.lora_weights)
             info = await self._publish_everywhere(weights, name, None)
             self._published_step = trainer.step
@@ -251,11 +325,11 @@ class LocalBackend(ServesFromSampler):
     async def stage(self, name: str | None = None) -> PolicyVersion:
         """Like :meth:`publish`, but the new version is only servable when pinned; the current one keeps serving
         until :meth:`activate` promotes it (the promotion gate evaluates it in between)."""
-        trainer = self._require_trainer()
         async with self._train_lock:
+            trainer = await self._hold()
             weights = await asyncio.to_thread(trainer.lora_weights)
             info = await self._publish_everywhere(weights, name, None, make_current=False)
-            self._staged_step = (info.version, trainer.step)
+            self._staged_steps[self._adapter] = (info.version, trainer.step)
             return info
 
     async def activate(self, version: int, *, train_from: bool = False) -> PolicyVersion:
@@ -267,11 +341,11 @@ class LocalBackend(ServesFromSampler):
         Without it the trainer is untouched (promoting a staged version: the trainer already has it).
         """
         versions = self._require_versions()
-        served = versions.acquire(version)  # raises, listing the servable versions, if it is not one
+        served = versions.acquire(version, self._adapter)  # raises, listing the servable versions, if not one
         info = self._serve(version)
         async with self._train_lock:
+            trainer = await self._hold()
             if train_from:
-                trainer = self._require_trainer()
                 try:
                     await asyncio.to_thread(trainer.set_lora_weights, served.weights)
                 except ValueError as exc:
@@ -282,25 +356,25 @@ class LocalBackend(ServesFromSampler):
                 self._published_step = trainer.step
             else:
                 # Only a version staged from the trainer's present weights is what the trainer holds.
-                step = self._require_trainer().step
-                self._published_step = step if self._staged_step == (info.version, step) else -1
+                step = trainer.step
+                self._published_step = step if self._staged_steps.get(self._adapter) == (info.version, step) else -1
         return info
 
     def _serve(self, version: int) -> PolicyVersion:
         if self._vllm is not None:
             self._vllm.make_current(version)
-        return self._require_versions().make_current(version)
+        return self._require_versions().make_current(version, self._adapter)
 
     def servable_versions(self) -> list[int]:
         """Version numbers that can be served or activated now (0 = the base model), oldest first."""
-        return self._require_versions().servable()
+        return self._require_versions().servable(self._adapter)
 
     async def _publish_everywhere(
         self, weights: LoraWeights, name: str | None, version: int | None, *, make_current: bool = True
     ) -> PolicyVersion:
         versions = self._require_versions()
         if self._vllm is None:
-            return versions.publish(weights, name, version=version, make_current=make_current)
+            return versions.publish(weights, name, version=version, make_current=make_current, adapter=self._adapter)
         # vLLM numbers its versions itself (a requested number cannot be honoured there); the torch side mirrors
         # whatever number vLLM gave, so scoring and serving always agree on what "version N" is.
         info = await self._vllm.publish(weights, name, make_current=make_current)
@@ -321,16 +395,19 @@ class LocalBackend(ServesFromSampler):
 
         if not _STATE_NAME.match(name):
             raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
-        trainer, versions = self._require_trainer(), self._require_versions()
-        target = Path(self.settings.local.state_dir).expanduser().resolve() / name
+        versions = self._require_versions()
+        state_dir = Path(self.settings.local.state_dir).expanduser().resolve()
+        target = adapter_state_dir(state_dir, self._adapter) / name
         async with self._train_lock:
-            current = versions.current()
+            trainer = await self._hold()
+            current = versions.current(self._adapter)
             state = {
                 "version": current.version,
                 "version_name": current.name,
                 "weights_are_version": trainer.step == self._published_step,
                 "trainer_step": trainer.step,
                 "model": str(self._require_loaded().path),
+                "adapter": self._adapter,
                 "saved_at": time.time(),
             }
 
@@ -344,21 +421,25 @@ class LocalBackend(ServesFromSampler):
     async def load_state(self, path: str) -> PolicyVersion:
         """Restore the trainer from ``path`` and serve its weights (under the saved version number when it was
         a published version and that number is still unused here; else the next one)."""
-        trainer, versions = self._require_trainer(), self._require_versions()
+        versions = self._require_versions()
         directory = Path(path).expanduser()
         try:
             state: dict[str, Any] = json.loads((directory / STATE_FILE).read_text())
         except (OSError, ValueError) as exc:
             raise BackendError(f"{directory} is not a local-backend checkpoint (no readable {STATE_FILE})") from exc
+        saved_adapter = state.get("adapter", SHARED_ADAPTER)
+        if saved_adapter != self._adapter:
+            raise BackendError(f"{directory} is adapter {saved_adapter}'s checkpoint, not {self._adapter}'s")
         async with self._train_lock:
+            trainer = await self._hold()
             try:
                 await asyncio.to_thread(trainer.load, directory / TRAINER_SUBDIR)
             except (OSError, ValueError) as exc:
                 raise BackendError(f"cannot restore the trainer from {directory}: {exc}") from exc
             saved_version = int(state.get("version", 0))
             exact = bool(state.get("weights_are_version"))
-            if exact and saved_version == 0 and versions.current().version == 0:
-                info = versions.current()  # nothing was ever published: the base serves, as it did
+            if exact and saved_version == 0 and versions.current(self._adapter).version == 0:
+                info = versions.current(self._adapter)  # nothing was ever published: the base serves, as it did
             else:
                 weights = await asyncio.to_thread(trainer.lora_weights)
                 name = state.get("version_name") if exact else None
@@ -419,12 +500,18 @@ class LocalBackend(ServesFromSampler):
             raise BackendError("the local backend is not started; call start() first")
         return self._torch_sampler
 
-    def _serving_sampler(self) -> TransformersSampler | VLLMSampler:
-        sampler = self._require_sampler()
-        return self._vllm if self._vllm is not None else sampler
+    def _serving_sampler(self) -> TransformersSampler | AdapterSampler | VLLMSampler:
+        return self._vllm if self._vllm is not None else self._scoring_sampler()
 
-    def _scoring_sampler(self) -> TransformersSampler:
-        return self._require_sampler()  # teacher-forced scoring runs in torch, also when vLLM serves
+    def _scoring_sampler(self) -> TransformersSampler | AdapterSampler:
+        """The torch sampler, for this view's adapter (teacher-forced scoring runs in torch, also when vLLM
+        serves)."""
+        sampler = self._require_sampler()
+        if self._adapter == SHARED_ADAPTER:
+            return sampler
+        from openclaw_cli.backends.local.sampler import AdapterSampler
+
+        return AdapterSampler(sampler, self._adapter)
 
 
 def _import_check(module: str) -> Check:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.local.cpu_threads import OtherWork, default_decode_threads, per_thread_setter
 from openclaw_cli.backends.local.grammar import ConstrainedRow, GrammarMasks
@@ -344,25 +345,36 @@ class TransformersSampler:
             return len(self._prefilling) + len(self._rows)
 
     async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
     ) -> SampleResult:
-        async with aclosing(self._events(prompt_tokens, params, version, with_chunks=False)) as events:
+        events = self._events(prompt_tokens, params, version, adapter, with_chunks=False)
+        async with aclosing(events):
             async for event in events:
                 if isinstance(event, SampleResult):
                     return event
         raise BackendError("sampler ended without a result")  # unreachable unless the scheduler misbehaves
 
     def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
     ) -> AsyncIterator[StreamEvent]:
-        return self._events(prompt_tokens, params, version, with_chunks=True)
+        return self._events(prompt_tokens, params, version, adapter, with_chunks=True)
 
     async def compute_logprobs(
-        self, tokens: list[int], *, version: int | None = None, start: int = 1
+        self, tokens: list[int], *, version: int | None = None, start: int = 1, adapter: str = SHARED_ADAPTER
     ) -> list[float | None]:
-        """log p(tokens[i] | tokens[:i]) under a version (the current one by default) for i >= ``start``; None
-        before it and at index 0."""
-        served = self._versions.acquire(version)
+        """log p(tokens[i] | tokens[:i]) under a version of ``adapter`` (its current one by default) for
+        i >= ``start``; None before it and at index 0."""
+        served = self._versions.acquire(version, adapter)
         self._check_tokens(tokens, "tokens")
         if len(tokens) > self.context_length:
             raise BackendError(
@@ -384,10 +396,10 @@ class TransformersSampler:
         return [*([None] * start), *values]
 
     async def next_token_logprobs(
-        self, prompt: list[int], candidates: list[int], *, version: int | None = None
+        self, prompt: list[int], candidates: list[int], *, version: int | None = None, adapter: str = SHARED_ADAPTER
     ) -> list[float]:
-        """log p(c | prompt) for each candidate token under a version (the current one by default)."""
-        served = self._versions.acquire(version)
+        """log p(c | prompt) for each candidate token under a version of ``adapter`` (its current one by default)."""
+        served = self._versions.acquire(version, adapter)
         self._check_tokens(prompt, "prompt")
         self._check_tokens(candidates, "candidates")
         if not prompt or len(prompt) >= self.context_length:
@@ -425,7 +437,13 @@ class TransformersSampler:
     # -- requests --------------------------------------------------------------------------------------------
 
     async def _events(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None, *, with_chunks: bool
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None,
+        adapter: str,
+        *,
+        with_chunks: bool,
     ) -> AsyncGenerator[StreamEvent, None]:
         accepted_at = time.time()
         prompt = [int(t) for t in prompt_tokens]
@@ -433,7 +451,8 @@ class TransformersSampler:
         grammar = None
         if params.constraint is not None:  # compiled off the event loop (the first one also builds the vocabulary)
             grammar = await asyncio.to_thread(self._masks.row, params.constraint)
-        served = self._versions.acquire(version)  # pinned for the whole request, whatever publish does meanwhile
+        # Pinned for the whole request, whatever publish does meanwhile.
+        served = self._versions.acquire(version, adapter)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
         cancelled = threading.Event()
@@ -680,3 +699,30 @@ class TransformersSampler:
                 layer.keys, layer.values = layer.keys[..., shared:, :], layer.values[..., shared:, :]
             for row in self._rows:
                 row.pad -= shared
+
+
+class AdapterSampler:
+    """A :class:`TransformersSampler`'s serving and scoring for one adapter: what a local backend's per-owner view
+    (``LocalBackend.adapter``) answers with. Versions are that adapter's own numbers."""
+
+    def __init__(self, sampler: TransformersSampler, adapter: str) -> None:
+        self.sampler = sampler
+        self.adapter = adapter
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        return await self.sampler.sample(prompt_tokens, params, version, adapter=self.adapter)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        return self.sampler.stream(prompt_tokens, params, version, adapter=self.adapter)
+
+    async def compute_logprobs(
+        self, tokens: list[int], *, version: int | None = None, start: int = 1
+    ) -> list[float | None]:
+        return await self.sampler.compute_logprobs(tokens, version=version, start=start, adapter=self.adapter)
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        return self.sampler.accepts_constraint(constraint)

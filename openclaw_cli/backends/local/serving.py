@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import BASE_VERSION, BackendError
 from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
 from openclaw_cli.types import PolicyVersion
@@ -133,8 +134,19 @@ def install_versioned_lora(
     return wrapped
 
 
+@dataclass
+class _AdapterLine:
+    """One adapter's versions: the published ones kept servable (oldest first), the current one, the last number."""
+
+    published: OrderedDict[int, ServedVersion]
+    current: ServedVersion
+    latest_number: int = BASE_VERSION
+
+
 class PolicyVersions:
-    """The servable versions of one served model: the base (0) and the last ``keep`` published ones."""
+    """The servable versions of one served model, per adapter (openclaw_cli.adapters): the base (0, every adapter's)
+    and the last ``keep`` versions each adapter published. Every adapter numbers its own versions, and one adapter's
+    numbers never reach another's: ``acquire(3, adapter="key:a")`` is key:a's version 3 or an error."""
 
     def __init__(self, model: nn.Module, targets: list[str], *, keep: int) -> None:
         if keep < 1:
@@ -144,20 +156,31 @@ class PolicyVersions:
         self._keep = keep
         self._lock = threading.Lock()
         self._base = ServedVersion(PolicyVersion(BASE_VERSION, "base"))
-        self._published: OrderedDict[int, ServedVersion] = OrderedDict()
-        self._current = self._base
-        self._latest_number = BASE_VERSION
+        self._lines: dict[str, _AdapterLine] = {}
 
     @property
     def layer_keys(self) -> list[str]:
         return list(self._layers)
 
-    def current(self) -> PolicyVersion:
-        return self._current.info
+    def _line(self, adapter: str) -> _AdapterLine:
+        """``adapter``'s line, created (serving the base) on first use. Call with the lock held."""
+        line = self._lines.get(adapter)
+        if line is None:
+            line = self._lines[adapter] = _AdapterLine(OrderedDict(), self._base)
+        return line
 
-    def servable(self) -> list[int]:
+    def adapters(self) -> list[str]:
+        """Adapters that have published a version."""
         with self._lock:
-            return [BASE_VERSION, *self._published]
+            return [name for name, line in self._lines.items() if line.latest_number > BASE_VERSION]
+
+    def current(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
+        with self._lock:
+            return self._line(adapter).current.info
+
+    def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
+        with self._lock:
+            return [BASE_VERSION, *self._line(adapter).published]
 
     def publish(
         self,
@@ -166,56 +189,66 @@ class PolicyVersions:
         *,
         version: int | None = None,
         make_current: bool = True,
+        adapter: str = SHARED_ADAPTER,
     ) -> PolicyVersion:
-        """Make ``weights`` servable under the next version number and return its identity; with ``make_current``
-        (the default) it also becomes the current policy, else it is only *staged* (servable when pinned, e.g. by a
-        promotion gate's evaluation, until :meth:`make_current` promotes it).
+        """Make ``weights`` servable under ``adapter``'s next version number and return its identity; with
+        ``make_current`` (the default) it also becomes the adapter's current policy, else it is only *staged*
+        (servable when pinned, e.g. by a promotion gate's evaluation, until :meth:`make_current` promotes it).
 
         ``version`` asks for a specific number (resuming from a checkpoint); it is honoured when it is above every
-        number used so far, else the next number is used, so numbers only grow and "newer" stays meaningful.
+        number the adapter used so far, else the next number is used, so numbers only grow and "newer" stays
+        meaningful.
         """
         prepared = self._prepare(weights)
         with self._lock:
-            number = self._latest_number + 1
-            if version is not None and version > self._latest_number:
+            line = self._line(adapter)
+            number = line.latest_number + 1
+            if version is not None and version > line.latest_number:
                 number = version
             info = PolicyVersion(number, name or f"v{number}", time.time())
             served = ServedVersion(info, prepared)
-            self._published[number] = served
-            self._latest_number = number
+            line.published[number] = served
+            line.latest_number = number
             if make_current:
-                self._current = served
-            self._evict()
+                line.current = served
+            self._evict(line)
         return info
 
-    def make_current(self, version: int) -> PolicyVersion:
-        """Serve an already servable version from now on (rollback, or promoting a staged version); requests
-        already running finish on the version they pinned."""
-        served = self.acquire(version)
+    def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
+        """Serve an already servable version of ``adapter`` from now on (rollback, or promoting a staged version);
+        requests already running finish on the version they pinned."""
+        served = self.acquire(version, adapter)
         with self._lock:
-            self._current = served
+            self._line(adapter).current = served
         return served.info
 
-    def _evict(self) -> None:
+    def forget(self, adapter: str) -> None:
+        """Drop every version of ``adapter`` (forgetting an owner); requests still running keep theirs to the end."""
+        with self._lock:
+            self._lines.pop(adapter, None)
+
+    def _evict(self, line: _AdapterLine) -> None:
         """Keep at most ``keep`` published versions, oldest out first, but never the current one (after a rollback
         or with staged versions the current one need not be the newest). Call with the lock held."""
-        while len(self._published) > self._keep:
-            oldest = next(n for n in self._published if self._published[n] is not self._current)
+        while len(line.published) > self._keep:
+            oldest = next(n for n in line.published if line.published[n] is not line.current)
             # Dropping our reference is enough: requests pinned to it keep it alive until they finish.
-            del self._published[oldest]
+            del line.published[oldest]
 
-    def acquire(self, version: int | None = None) -> ServedVersion:
-        """Pin a version for one request: the current one by default, else the given number."""
+    def acquire(self, version: int | None = None, adapter: str = SHARED_ADAPTER) -> ServedVersion:
+        """Pin a version of ``adapter`` for one request: its current one by default, else the given number."""
         with self._lock:
+            line = self._line(adapter)
             if version is None:
-                return self._current
+                return line.current
             if version == BASE_VERSION:
                 return self._base
-            served = self._published.get(version)
+            served = line.published.get(version)
             if served is None:
-                known = ", ".join(str(v) for v in [BASE_VERSION, *self._published])
+                known = ", ".join(str(v) for v in [BASE_VERSION, *line.published])
+                whose = "" if adapter == SHARED_ADAPTER else f" of adapter {adapter}"
                 raise BackendError(
-                    f"policy version {version} is not servable; servable versions: {known}", status_code=400
+                    f"policy version {version}{whose} is not servable; servable versions: {known}", status_code=400
                 )
             return served
 

@@ -342,6 +342,60 @@ class LoraTrainer:
             generator.set_state(rng_state)
         self.step = int(state["step"])
 
+    # ------------------------------------------------------------------ several adapters on one model
+
+    def park(self) -> ParkedTrainer:
+        """Everything that makes this trainer one adapter's and not another's, taken out of it: the LoRA weights
+        (clones), the optimizer with its moments, the step count and the dropout generators' states. Pending
+        gradients are dropped. :meth:`unpark` puts it (or another adapter's) back."""
+        self._discard_gradients()
+        parked = ParkedTrainer(
+            weights=[param.detach().clone() for param in self._lora_params],
+            optimizer=self._optimizer,
+            step=self.step,
+            rng=[g.get_state() for g in self._generators],
+        )
+        self._optimizer = None
+        return parked
+
+    def unpark(self, parked: ParkedTrainer) -> None:
+        """Hold ``parked``'s adapter: its weights, optimizer, step and generators (see :meth:`park`)."""
+        if len(parked.weights) != len(self._lora_params):
+            ours = len(self._lora_params)
+            raise ValueError(f"parked state holds {len(parked.weights)} tensors, this trainer has {ours}")
+        self._discard_gradients()
+        with torch.no_grad():
+            for param, value in zip(self._lora_params, parked.weights, strict=True):
+                param.copy_(value)
+        self._optimizer = parked.optimizer
+        self.step = parked.step
+        for generator, rng_state in zip(self._generators, parked.rng, strict=True):
+            generator.set_state(rng_state)
+
+    def save_parked(self, parked: ParkedTrainer, path: Path) -> None:
+        """Write a parked state to one file (an adapter moved out of memory), atomically."""
+        state = {
+            "weights": parked.weights,
+            "optimizer": parked.optimizer.state_dict() if parked.optimizer is not None else None,
+            "step": parked.step,
+            "rng": parked.rng,
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def load_parked(self, path: Path) -> ParkedTrainer:
+        """A parked state written by :meth:`save_parked`; its optimizer is rebuilt over this trainer's parameters."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        optimizer = None
+        if state["optimizer"] is not None:
+            previous, self._optimizer = self._optimizer, None
+            optimizer = self._ensure_optimizer()  # a new AdamW over the same parameters, then its saved moments
+            optimizer.load_state_dict(state["optimizer"])
+            self._optimizer = previous
+        weights = [w.to(param.device) for w, param in zip(state["weights"], self._lora_params, strict=True)]
+        return ParkedTrainer(weights=weights, optimizer=optimizer, step=int(state["step"]), rng=list(state["rng"]))
+
     # ------------------------------------------------------------------ internals
 
     def _collect_lora_layers(self) -> dict[str, LoraLayer]:
@@ -502,6 +556,16 @@ class LoraTrainer:
                 )
         with torch.no_grad():
             set_peft_model_state_dict(self.peft_model, saved, adapter_name=ADAPTER_NAME)
+
+
+@dataclass
+class ParkedTrainer:
+    """One adapter's trainer state while another adapter's is in the model (:meth:`LoraTrainer.park`)."""
+
+    weights: list[torch.Tensor]  # the LoRA parameters, in the trainer's parameter order
+    optimizer: torch.optim.AdamW | None  # built over the trainer's parameters; its moments are this adapter's
+    step: int
+    rng: list[torch.Tensor]
 
 
 def _adapter_params(layer: LoraLayer) -> list[nn.Parameter]:

@@ -1,0 +1,391 @@
+"""An adapter per owner (lora.scope = owner): who gets which adapter, each adapter's own versions and trainer state on
+one model, the store's per-adapter claims and ledger, the migration of a store written before adapters, and a
+request of one owner never served by another's adapter, on all three APIs."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from backend_helpers import running, user_prompt
+
+from openclaw_cli.adapters import (
+    SHARED_ADAPTER,
+    adapter_dirname,
+    adapter_of,
+    adapter_state_dir,
+    separate_adapters,
+    trainer_consumer,
+)
+from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local import LocalBackend
+from openclaw_cli.lesson_prompt import key_owner
+from openclaw_cli.settings import (
+    LessonSettings,
+    LocalSettings,
+    LoraSettings,
+    Settings,
+    SettingsError,
+    load_settings,
+)
+from openclaw_cli.store import Store
+from openclaw_cli.store.schema import MIGRATIONS
+from openclaw_cli.testing.store_turns import new_turn
+from openclaw_cli.types import AdamParams, SamplingParams, datum_from_completion
+
+ALICE, BOB, CAROL = "sk-alice-0123456789", "sk-bob-0123456789", "sk-carol-0123456789"
+ADAM = AdamParams(learning_rate=0.05, beta2=0.99)
+
+
+# --- who gets which adapter ------------------------------------------------------------------------------------------
+def test_each_key_is_its_own_adapter_and_one_owner_is_the_shared_one() -> None:
+    keys = Settings(api_key=ALICE, api_keys=[BOB])
+    assert adapter_of(keys, key_owner(ALICE)) == key_owner(ALICE) != adapter_of(keys, key_owner(BOB))
+    assert separate_adapters(keys)
+    # One owner (no key, or one key): nothing to separate, so the shared adapter, as before adapters per owner.
+    assert adapter_of(Settings(), "local") == SHARED_ADAPTER and not separate_adapters(Settings())
+    assert adapter_of(Settings(api_key=ALICE), key_owner(ALICE)) == SHARED_ADAPTER
+    shared = Settings(api_key=ALICE, api_keys=[BOB], lora=LoraSettings(scope="shared"))
+    assert adapter_of(shared, key_owner(ALICE)) == SHARED_ADAPTER and not separate_adapters(shared)
+    sessions = Settings(lessons=LessonSettings(scope="session"))
+    assert adapter_of(sessions, "session:chat-1") == "session:chat-1" and separate_adapters(sessions)
+
+
+def test_a_group_shares_one_adapter() -> None:
+    team = [key_owner(ALICE), key_owner(BOB)]
+    settings = Settings(api_key=ALICE, api_keys=[BOB, CAROL], lora=LoraSettings(groups={"team": team}))
+    assert adapter_of(settings, key_owner(ALICE)) == adapter_of(settings, key_owner(BOB)) == "team"
+    assert adapter_of(settings, key_owner(CAROL)) == key_owner(CAROL)
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ({"team": [ALICE]}, "never put an API key itself in a group"),
+        ({"shared": ["key:0123456789abcdef"]}, "not shared or local"),
+        ({"a": ["key:0123456789abcdef"], "b": ["key:0123456789abcdef"]}, "in two groups"),
+    ],
+)
+def test_bad_groups_are_refused_without_echoing_a_key(groups: dict[str, list[str]], message: str) -> None:
+    with pytest.raises(SettingsError, match=message) as caught:
+        load_settings({"lora": {"groups": groups}})
+    assert str(caught.value).startswith("invalid setting lora.groups: ") and ALICE not in str(caught.value)
+
+
+def test_adapter_directories_never_hold_a_client_string_raw(tmp_path: Path) -> None:
+    assert adapter_state_dir(tmp_path, SHARED_ADAPTER) == tmp_path  # an existing checkpoint dir is the shared one
+    assert adapter_dirname(key_owner(ALICE)) == "key-" + key_owner(ALICE)[4:]
+    assert adapter_dirname("team") == "group-team"
+    odd = adapter_dirname("session:../../etc/passwd")
+    assert odd.startswith("owner-") and "/" not in odd and ".." not in odd
+
+
+# --- the store -------------------------------------------------------------------------------------------------------
+def _ready_turn(store: Store, owner: str, adapter: str, index: int) -> int:
+    session = f"s-{owner}"
+    with store.transaction() as tx:
+        if tx.get_session(session) is None:
+            tx.create_session(session, scope="", id_source="test", now=100.0)
+        metadata = {"owner": owner, "adapter": adapter}
+        return tx.insert_turn(new_turn(session, index=index, status="ready", metadata=metadata))
+
+
+def test_a_trainer_of_one_adapter_claims_its_turns_only(tmp_path: Path) -> None:
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    with Store(tmp_path / "store.sqlite3") as store:
+        mine = [_ready_turn(store, alice, alice, i) for i in range(3)]
+        theirs = [_ready_turn(store, bob, bob, i) for i in range(2)]
+        shared = _ready_turn(store, "local", SHARED_ADAPTER, 9)
+        claimed = store.claim_ready(trainer_consumer(alice), 10, 60.0)
+        assert sorted(t.id for t in claimed) == mine
+        assert [t.id for t in store.claim_ready(trainer_consumer(bob), 10, 60.0)] == theirs
+        assert [t.id for t in store.claim_ready(trainer_consumer(SHARED_ADAPTER), 10, 60.0)] == [shared]
+        assert store.backlog(trainer_consumer(alice))[0] == 3
+        assert store.adapters_since(0) == (shared, sorted([SHARED_ADAPTER, alice, bob]))
+        # Steps and checkpoints are numbered per adapter: both adapters have a step 1.
+        store.commit_step(1, 1, {"loss": 1.0}, trainer_consumer(alice), {t: {} for t in mine}, adapter=alice)
+        store.commit_step(1, 1, {"loss": 2.0}, trainer_consumer(bob), {t: {} for t in theirs}, adapter=bob)
+        assert [m["loss"] for *_, m in store.steps(adapter=alice)] == [1.0]
+        assert [m["loss"] for *_, m in store.steps(adapter=bob)] == [2.0]
+        assert store.backlog(trainer_consumer(alice))[0] == 0
+        # Undoing alice's step reopens alice's turns and leaves bob's step alone.
+        assert sorted(store.discard_steps_after(0, trainer_consumer(alice), alice)) == mine
+        assert store.steps(adapter=alice) == [] and len(store.steps(adapter=bob)) == 1
+
+
+def test_a_store_written_before_adapters_migrates_to_the_shared_one(tmp_path: Path) -> None:
+    """A store at schema 5 (the release before adapters per owner), with a step, a checkpoint and an owned turn."""
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS[:5]:
+        for statement in migration:
+            assert isinstance(statement, str)  # the released steps are plain SQL
+            conn.execute(statement)
+    conn.execute("PRAGMA application_id=0x4F434C57")
+    conn.execute("PRAGMA user_version=5")
+    conn.execute("INSERT INTO steps (step, version, created_at, metrics) VALUES (7, 3, 1.0, '{\"loss\": 0.5}')")
+    conn.execute("INSERT INTO checkpoints (step, path, created_at) VALUES (7, '/ckpt/step-00000007', 1.0)")
+    conn.execute(
+        "INSERT INTO sessions (id, scope, id_source, created_at, last_seen_at) VALUES ('s', '', 'test', 1.0, 1.0)"
+    )
+    conn.execute(
+        "INSERT INTO turns (id, session_id, turn_index, turn_type, type_reason, api, model, stream, choice_index, "
+        "n_prompt_tokens, n_completion_tokens, version, finish_reason, started_at, first_token_at, finished_at, "
+        "status, created_at) VALUES (1, 's', 0, 'main', 't', 'openai.chat', 'm', 0, 0, 1, 1, 3, 'stop', 1, 1, 1, "
+        "'pending', 1)"
+    )
+    conn.execute("INSERT INTO turn_owners (turn_id, owner) VALUES (1, 'key:00112233445566aa')")
+    conn.close()
+    with Store(path) as store:
+        assert store.steps() == [(7, 3, 1.0, {"loss": 0.5})]
+        assert store.checkpoints() == [(7, "/ckpt/step-00000007")]
+        assert store.adapters_since(0) == (1, [SHARED_ADAPTER])
+        assert store.turn_owner(1) == "key:00112233445566aa"
+    with Store(path) as store:  # opening again changes nothing
+        assert store.steps() == [(7, 3, 1.0, {"loss": 0.5})]
+
+
+# --- the local backend: one model, an adapter per owner --------------------------------------------------------------
+def _settings(model_dir: Path, tmp_path: Path, **lora: Any) -> Settings:
+    return Settings(
+        model=str(model_dir),
+        api_key=ALICE,
+        api_keys=[BOB],
+        lora=LoraSettings(rank=4, alpha=8, **lora),
+        local=LocalSettings(state_dir=tmp_path / "ckpt", keep_versions=2, max_concurrent_requests=4),
+    )
+
+
+async def _step(view: Any, prompt: list[int], advantage: float) -> None:
+    result = await view.sample(prompt, SamplingParams(max_tokens=6, temperature=1.0, seed=3))
+    datum = datum_from_completion(prompt, result.tokens, logprobs=result.logprobs, advantages=advantage)
+    await view.discard_gradients()
+    await view.forward_backward([datum], "importance_sampling")
+    await view.optim_step(ADAM)
+
+
+async def _greedy(view: Any, prompt: list[int]) -> list[float]:
+    result = await view.sample(prompt, SamplingParams(max_tokens=6, temperature=0.0))
+    scored = await view.compute_logprobs(prompt + result.tokens, start=len(prompt))
+    return [float(v) for v in scored[len(prompt) :] if v is not None]
+
+
+@pytest.mark.parametrize("resident", [8, 1], ids=["in-memory", "spilled-to-disk"])
+async def test_each_adapter_trains_and_serves_its_own_versions(
+    tiny_model_dir: Path, tmp_path: Path, resident: int
+) -> None:
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    async with running(LocalBackend(_settings(tiny_model_dir, tmp_path, resident_adapters=resident))) as backend:
+        a, b = backend.adapter(alice), backend.adapter(bob)
+        prompt = user_prompt(backend)
+        base = await _greedy(backend, prompt)
+        await _step(a, prompt, 1.0)
+        published = await a.publish()
+        assert published.version == 1
+        assert a.current_version().version == 1
+        assert b.current_version().version == backend.current_version().version == 0
+        assert b.servable_versions() == [0] and a.servable_versions() == [0, 1]
+        with pytest.raises(BackendError, match=f"version 1 of adapter {bob} is not servable"):
+            await b.sample(prompt, SamplingParams(max_tokens=1), version=1)
+        assert await _greedy(b, prompt) == base  # bob is served by the base model until his own first step
+        served_a = await _greedy(a, prompt)
+        assert served_a != base
+        # Bob trains from the base, not from alice's weights; alice's state comes back intact after bob's step.
+        await _step(b, prompt, -1.0)
+        await b.publish()
+        assert b.current_version().version == 1
+        assert await _greedy(a, prompt) == served_a
+        await _step(a, prompt, 1.0)  # alice's second step continues her optimizer, then publishes her version 2
+        assert (await a.publish()).version == 2
+        assert b.current_version().version == 1
+        if resident == 1:
+            assert backend._states is not None and backend._states.in_memory == 1
+
+
+async def test_two_owners_decode_in_one_batch_each_on_their_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Rows of different adapters share decode steps and still give exactly what each adapter gives alone."""
+    import asyncio
+
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    async with running(LocalBackend(_settings(tiny_model_dir, tmp_path))) as backend:
+        a, b = backend.adapter(alice), backend.adapter(bob)
+        prompt = user_prompt(backend)
+        await _step(a, prompt, 1.0)
+        await a.publish()
+        params = SamplingParams(max_tokens=8, temperature=0.0)
+        alone_a, alone_b = await a.sample(prompt, params), await b.sample(prompt, params)
+        together = await asyncio.gather(a.sample(prompt, params), b.sample(prompt, params))
+        assert [r.tokens for r in together] == [alone_a.tokens, alone_b.tokens]
+        for got, want in zip(together, (alone_a, alone_b), strict=True):
+            assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
+
+
+async def test_a_checkpoint_is_its_adapters_own(tiny_model_dir: Path, tmp_path: Path) -> None:
+    alice = key_owner(ALICE)
+    settings = _settings(tiny_model_dir, tmp_path)
+    async with running(LocalBackend(settings)) as backend:
+        a = backend.adapter(alice)
+        prompt = user_prompt(backend)
+        await _step(a, prompt, 1.0)
+        await a.publish()
+        path = await a.save_state("step-00000001")
+        assert Path(path).parent == adapter_state_dir(tmp_path.joinpath("ckpt").resolve(), alice)
+        served = await _greedy(a, prompt)
+        with pytest.raises(BackendError, match="not shared's"):
+            await backend.load_state(path)
+    async with running(LocalBackend(settings)) as restarted:
+        a = restarted.adapter(alice)
+        assert (await a.load_state(path)).version == 1
+        assert await _greedy(a, prompt) == served
+        assert restarted.current_version().version == 0
+
+
+async def test_vllm_sampler_refuses_owner_adapters_at_start(tiny_model_dir: Path, tmp_path: Path) -> None:
+    settings = _settings(tiny_model_dir, tmp_path)
+    settings.local.sampler = "vllm"
+    with pytest.raises(BackendError, match=r"lora.scope = 'owner' with several owners needs the transformers sampler"):
+        await LocalBackend(settings).start()
+
+
+def test_a_backend_without_adapters_is_refused_at_launch(tiny_tokenizer: Any) -> None:
+    from openclaw_cli.launch import require_adapter_support
+
+    class OneAdapter:
+        name = "one"
+
+    with pytest.raises(BackendError, match="the one backend keeps one adapter for everyone"):
+        require_adapter_support(OneAdapter(), Settings(api_key=ALICE, api_keys=[BOB]))  # type: ignore[arg-type]
+    require_adapter_support(OneAdapter(), Settings(api_key=ALICE))  # type: ignore[arg-type]  # one owner: fine
+
+
+# --- the proxy: every API serves each owner from its own adapter -----------------------------------------------------
+API_CALLS = {
+    "chat": ("/v1/chat/completions", {"model": "openclaw-policy", "max_tokens": 6, "temperature": 0}),
+    "responses": ("/v1/responses", {"model": "openclaw-policy", "max_output_tokens": 6, "temperature": 0}),
+    "messages": ("/v1/messages", {"model": "openclaw-policy", "max_tokens": 6, "temperature": 0}),
+}
+
+
+def _body(api: str, stream: bool) -> tuple[str, dict[str, Any]]:
+    path, body = API_CALLS[api]
+    question = "What is the capital of France?"
+    conversation = {"input": question} if api == "responses" else {"messages": [{"role": "user", "content": question}]}
+    return path, {**body, **conversation, "stream": stream}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", sorted(API_CALLS))
+async def test_each_owner_is_served_by_its_own_adapter_on_every_api(
+    tiny_model_dir: Path, tmp_path: Path, api: str, stream: bool
+) -> None:
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import MemorySink
+
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    settings = _settings(tiny_model_dir, tmp_path)
+    async with running(LocalBackend(settings)) as backend:
+        a = backend.adapter(alice)
+        await _step(a, user_prompt(backend), 1.0)
+        await a.publish()
+        sink = MemorySink()
+        server = BackgroundServer(create_app(backend, sink, settings)).start()
+        path, body = _body(api, stream)
+        try:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+                replies = {
+                    who: await client.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+                    for who, key in (("alice", ALICE), ("bob", BOB))
+                }
+                nobody = await client.post(path, json=body)
+        finally:
+            server.stop()
+    assert {who: r.status_code for who, r in replies.items()} == {"alice": 200, "bob": 200}
+    assert nobody.status_code == 401
+    assert replies["alice"].headers["x-openclaw-adapter"] == alice
+    assert replies["alice"].headers["x-openclaw-policy-version"] == "1"
+    assert replies["bob"].headers["x-openclaw-adapter"] == bob
+    assert replies["bob"].headers["x-openclaw-policy-version"] == "0"  # bob's adapter has not stepped: the base
+    recorded = {e.metadata["owner"]: e for e in sink.exchanges}
+    assert recorded[alice].metadata["adapter"] == alice and recorded[alice].version == 1
+    assert recorded[bob].metadata["adapter"] == bob and recorded[bob].version == 0
+
+
+async def test_session_owners_get_their_own_adapters(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import MemorySink
+
+    settings = Settings(
+        model=str(tiny_model_dir),
+        lora=LoraSettings(rank=4, alpha=8),
+        lessons=LessonSettings(scope="session"),
+        local=LocalSettings(state_dir=tmp_path / "ckpt", keep_versions=2),
+    )
+    async with running(LocalBackend(settings)) as backend:
+        first = backend.adapter("session:chat-1")
+        await _step(first, user_prompt(backend), 1.0)
+        await first.publish()
+        server = BackgroundServer(create_app(backend, MemorySink(), settings)).start()
+        path, body = _body("chat", False)
+        try:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+                one = await client.post(path, json=body, headers={"x-session-id": "chat-1"})
+                two = await client.post(path, json=body, headers={"x-session-id": "chat-2"})
+        finally:
+            server.stop()
+    assert (one.headers["x-openclaw-adapter"], one.headers["x-openclaw-policy-version"]) == ("session:chat-1", "1")
+    assert (two.headers["x-openclaw-adapter"], two.headers["x-openclaw-policy-version"]) == ("session:chat-2", "0")
+
+
+def test_parked_trainer_state_round_trips_through_a_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from openclaw_cli.backends.local.model_loading import load_model
+    from openclaw_cli.backends.local.trainer import LoraTrainer
+
+    settings = _settings(tiny_model_dir, tmp_path)
+    trainer = LoraTrainer(load_model(settings).model, settings.lora, seed=0)
+    with torch.no_grad():
+        for param in trainer._lora_params:
+            param.add_(0.25)
+    parked = trainer.park()
+    trainer.save_parked(parked, tmp_path / "parked.pt")
+    back = trainer.load_parked(tmp_path / "parked.pt")
+    assert all(torch.equal(x, y) for x, y in zip(parked.weights, back.weights, strict=True))
+    assert back.step == parked.step and back.optimizer is None
+
+
+# --- fairness: the adapter that stepped longest ago goes first -------------------------------------------------------
+class _StubLoop:
+    """A TrainerLoop stand-in with a number of full batches waiting."""
+
+    def __init__(self, name: str, batches: int, log: list[str]) -> None:
+        from openclaw_cli.learn.trainer_loop import TrainerStats
+
+        self.name, self.batches, self.log, self.stats = name, batches, log, TrainerStats()
+
+    async def run_once(self) -> Any:
+        from openclaw_cli.learn.trainer_loop import StepReport
+
+        if not self.batches:
+            return None
+        self.batches -= 1
+        self.log.append(self.name)
+        return StepReport(step=1, version=1, metrics={}, trained_turn_ids=[], batch_turn_ids=[])
+
+
+async def test_an_owner_with_a_backlog_does_not_starve_the_others(tmp_path: Path) -> None:
+    from openclaw_cli.learn.trainer_pool import TrainerPool
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    log: list[str] = []
+    with Store(tmp_path / "store.sqlite3") as store:
+        pool = TrainerPool(store, FakeBackend(None), Settings())  # type: ignore[arg-type]
+        for name, batches in (("shared", 0), ("busy", 6), ("a", 2), ("b", 1)):
+            pool.loops[name] = _StubLoop(name, batches, log)  # type: ignore[assignment]
+            pool._last_step_at[name] = 0.0
+        while await pool.run_once():
+            pass
+    # Every owner with a full batch steps once before the busy one steps again; then the busy one drains.
+    assert log == ["busy", "a", "b", "busy", "a", "busy", "busy", "busy", "busy"]
