@@ -200,6 +200,7 @@ LAZY_COMMANDS: dict[str, Callable[[], Any]] = {
     "train": _lazy_typer_command("train", "openclaw_cli.env_training.cli", "train_command"),
     "rollback": _lazy_typer_command("rollback", "openclaw_cli.commands.rollback", "rollback_command"),
     "lessons": _lazy_typer_group("lessons", "openclaw_cli.commands.lessons", "lessons_app"),
+    "forget-owner": _lazy_typer_command("forget-owner", "openclaw_cli.commands.forget_owner", "forget_owner_command"),
 }
 
 

@@ -225,16 +225,23 @@ def has_api_key(settings: Settings) -> bool:
 
 
 def call_server(
-    settings: Settings, method: str, path: str, body: dict[str, Any] | None = None, *, timeout_s: float = 30.0
+    settings: Settings,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    timeout_s: float = 30.0,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """One call to the running server on ``host:port`` with the configured API key (the first one: the CLI acts as
-    that key's owner); its error (in OpenAI's format) becomes a CliFailure with its message (exit 2 for a 400/404)."""
+    that key's owner; ``owner``, an owner id, acts as that owner instead: :func:`owner_headers`); its error (in
+    OpenAI's format) becomes a CliFailure with its message (exit 2 for a 400/404)."""
     import httpx
 
     where = f"{settings.host}:{settings.port}"
     url = f"http://{connect_host(settings.host)}:{settings.port}{path}"
     keys = settings.accepted_api_keys()
-    headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+    headers = owner_headers(settings, owner) if owner else {"Authorization": f"Bearer {keys[0]}"} if keys else {}
     try:
         timeout = httpx.Timeout(timeout_s, connect=5.0)
         with httpx.Client(timeout=timeout, trust_env=not is_loopback(settings.host)) as client:
@@ -258,6 +265,28 @@ def call_server(
         raise CliFailure(f"the server on {where} refused the API key: {message} (set api_key / OPENCLAW_API_KEY)")
     refused = response.status_code in (400, 404)
     raise CliFailure(f"the server on {where}: {message}", EXIT_REFUSED if refused else EXIT_FAILED)
+
+
+def owner_headers(settings: Settings, owner: str) -> dict[str, str]:
+    """How the operator's CLI acts as ``owner`` (``--owner``, an id as ``openclaw status`` lists owners): with that
+    owner's key from the configuration (the server learns nothing it does not already hold), or, for a session
+    owner (``lessons.scope = session``), with its session id. An id no configured key or session matches fails."""
+    from openclaw_cli.lesson_prompt import key_owner
+
+    keys = settings.accepted_api_keys()
+    if owner.startswith("session:") and settings.lessons.scope == "session":
+        return {
+            "X-Session-Id": owner.removeprefix("session:"),
+            **({"Authorization": f"Bearer {keys[0]}"} if keys else {}),
+        }
+    for key in keys:
+        if key_owner(key) == owner:
+            return {"Authorization": f"Bearer {key}"}
+    raise CliFailure(
+        f"no configured API key belongs to owner {owner} (owner ids are key:<hash> as `openclaw status` lists them, "
+        "or session:<id> with lessons.scope = session)",
+        EXIT_REFUSED,
+    )
 
 
 def begin_service(settings: Settings, doing: str, detail: str) -> None:

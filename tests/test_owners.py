@@ -389,3 +389,85 @@ async def test_an_owner_with_a_backlog_does_not_starve_the_others(tmp_path: Path
             pass
     # Every owner with a full batch steps once before the busy one steps again; then the busy one drains.
     assert log == ["busy", "a", "b", "busy", "a", "busy", "busy", "busy", "busy"]
+
+
+# --- the owner's own controls: versions and rollback act on the caller's adapter only ---------------------------------
+async def test_versions_and_rollback_are_the_callers_own(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import MemorySink
+
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    settings = _settings(tiny_model_dir, tmp_path)
+    async with running(LocalBackend(settings)) as backend:
+        a = backend.adapter(alice)
+        for _ in range(2):
+            await _step(a, user_prompt(backend), 1.0)
+            await a.publish()
+        server = BackgroundServer(create_app(backend, MemorySink(), settings)).start()
+        try:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+
+                def as_(key: str) -> dict[str, str]:
+                    return {"Authorization": f"Bearer {key}"}
+
+                listed = {
+                    who: (await client.get("/v1/openclaw/versions", headers=as_(k))).json()
+                    for who, k in (("a", ALICE), ("b", BOB))
+                }
+                bobs_rollback = await client.post("/v1/openclaw/rollback", json={"version": 2}, headers=as_(BOB))
+                anonymous = await client.post("/v1/openclaw/rollback", json={"version": 1})
+                alices_rollback = await client.post("/v1/openclaw/rollback", json={"version": 1}, headers=as_(ALICE))
+        finally:
+            server.stop()
+        assert a.current_version().version == 1 and backend.adapter(bob).current_version().version == 0
+    assert listed["a"] == {"adapter": alice, "current": 2, "current_name": "v2", "servable": [0, 1, 2]}
+    assert listed["b"] == {"adapter": bob, "current": 0, "current_name": "base", "servable": [0]}
+    assert bobs_rollback.status_code == 404 and "servable versions: 0" in bobs_rollback.json()["error"]["message"]
+    assert anonymous.status_code == 401
+    assert alices_rollback.status_code == 200
+    assert alices_rollback.json()["adapter"] == alice and alices_rollback.json()["previous_version"] == 2
+
+
+def test_the_operator_acts_as_an_owner_with_that_owners_configured_key() -> None:
+    from openclaw_cli.command_support import CliFailure, owner_headers
+
+    settings = Settings(api_key=ALICE, api_keys=[BOB])
+    assert owner_headers(settings, key_owner(BOB)) == {"Authorization": f"Bearer {BOB}"}
+    with pytest.raises(CliFailure, match="no configured API key belongs to owner key:"):
+        owner_headers(settings, key_owner(CAROL))
+
+
+def test_forget_owner_erases_their_turns_lessons_and_adapter(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from openclaw_cli.cli import app
+
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    config = tmp_path / "openclaw.toml"
+    config.write_text(
+        f'api_key = "{ALICE}"\napi_keys = ["{BOB}"]\n[store]\npath = "{tmp_path / "store.sqlite3"}"\n'
+        f'[local]\nstate_dir = "{tmp_path / "ckpt"}"\n'
+    )
+    with Store(tmp_path / "store.sqlite3") as store:
+        hers = [_ready_turn(store, alice, alice, i) for i in range(3)]
+        his = [_ready_turn(store, bob, bob, i) for i in range(2)]
+        store.add_lesson(alice, "Answer in one short sentence.", origin="user", status="active", why="test")
+        store.commit_step(1, 1, {}, trainer_consumer(alice), {t: {} for t in hers}, adapter=alice)
+        store.record_checkpoint(1, "x", adapter=alice)
+    adapter_dir = adapter_state_dir((tmp_path / "ckpt").resolve(), alice) / "step-00000001"
+    adapter_dir.mkdir(parents=True)
+    result = CliRunner().invoke(app, ["--config", str(config), "forget-owner", alice, "--yes"])
+    assert result.exit_code == 0, result.output
+    assert (
+        "deleted 3 turns, 1 sessions, 1 lessons, 1 steps, 1 checkpoint records and the adapter's files" in result.output
+    )
+    assert "not undone: copies outside this store" in result.output
+    assert not adapter_dir.parent.exists()
+    with Store(tmp_path / "store.sqlite3") as store:
+        assert all(store.get_turn(t) is None for t in hers) and all(store.get_turn(t) for t in his)
+        assert store.lessons(owner=alice) == [] and store.steps(adapter=alice) == []
+        assert store.adapters_since(0)[1] == [bob]
+    shared = CliRunner().invoke(
+        app, ["--config", str(config), "forget-owner", bob, "--yes", "--set", "lora.scope=shared"]
+    )
+    assert shared.exit_code == 0 and "the shared adapter keeps what it learned from this owner" in shared.output

@@ -5,7 +5,8 @@ API key) to serve version N from now on; requests already running finish on the 
 local backend the trainer then continues from version N's weights (its optimizer state reset), so the next training
 step builds on what is served instead of bringing the abandoned weights back. Without ``--to`` it lists the
 current and servable versions (the base model 0 and the last ``local.keep_versions`` published ones); an unknown or
-expired version is refused with that list.
+expired version is refused with that list. Both act on the caller's own adapter (``lora.scope = owner``: the
+configured key's owner; ``--owner ID`` for another owner whose key the configuration holds).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def rollback_command(
     to: Annotated[
         int | None, typer.Option("--to", min=0, help="The policy version to serve from now on (0 = the base model).")
     ] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            "--owner",
+            help="Act on this owner's adapter (lora.scope = owner), by its id as `openclaw status` lists owners; "
+            "default: the configured key's owner.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the server's JSON answer as is.")] = False,
     host: HostOption = None,
     port: PortOption = None,
@@ -41,15 +50,18 @@ def rollback_command(
     """Serve an earlier policy version at once (without --to: list the versions that can serve)."""
     settings = command_settings(config, set_, host=host, port=port)
     if to is None:
-        listing = call_server(settings, "GET", VERSIONS_PATH, timeout_s=TIMEOUT_S)
+        listing = call_server(settings, "GET", VERSIONS_PATH, timeout_s=TIMEOUT_S, owner=owner)
         if as_json:
             typer.echo(json.dumps(listing, indent=2))
             return
         servable = ", ".join(str(v) for v in listing.get("servable", []))
-        typer.echo(f"serving version {listing.get('current')} ({listing.get('current_name')}); servable: {servable}")
+        whose = f"adapter {listing.get('adapter')}: " if listing.get("adapter") else ""
+        typer.echo(
+            f"{whose}serving version {listing.get('current')} ({listing.get('current_name')}); servable: {servable}"
+        )
         typer.echo("roll back with: openclaw rollback --to VERSION")
         return
-    answer = call_server(settings, "POST", ROLLBACK_PATH, {"version": to}, timeout_s=TIMEOUT_S)
+    answer = call_server(settings, "POST", ROLLBACK_PATH, {"version": to}, timeout_s=TIMEOUT_S, owner=owner)
     if as_json:
         typer.echo(json.dumps(answer, indent=2))
         return

@@ -1,7 +1,11 @@
 """Operator routes beside the chat APIs: which policy versions can serve, rolling back to one, and the blocking parts
 of ``/v1/openclaw/status``.
 
-``GET /v1/openclaw/versions`` -> ``{"current": N, "current_name": ..., "servable": [0, ...]}``.
+``GET /v1/openclaw/versions`` -> ``{"adapter": ..., "current": N, "current_name": ..., "servable": [0, ...]}``.
+
+Both routes act on the caller's own adapter (openclaw_cli.adapters): with ``lora.scope = owner`` a key's owner sees
+and rolls back its adapter's versions only, numbered as its own (an owner can never name, see or switch another
+owner's versions); with one adapter for everyone they act on that one.
 
 ``POST /v1/openclaw/rollback`` with ``{"version": N}`` switches serving to version N at once (requests already
 running finish on the version they started with) and, where the backend can, makes the trainer continue from that
@@ -29,8 +33,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from openclaw_cli.adapters import adapter_of
 from openclaw_cli.backend import BackendError, supports_version_control
 from openclaw_cli.proxy.errors import ProxyError, from_backend_error
+from openclaw_cli.proxy.respond import request_owner
 from openclaw_cli.proxy.state import ProxyState, proxy_state
 from openclaw_cli.proxy.validation import read_json_body
 
@@ -47,8 +53,10 @@ TRAINER_NOTE = (
 )
 
 
-def _require_version_control(state: ProxyState) -> Any:
-    backend = state.backend
+def _require_version_control(state: ProxyState, request: Request) -> Any:
+    """The caller's adapter's versions (``lora.scope = owner``: the adapter of the caller's key or session, never
+    another's; else the one shared adapter)."""
+    backend = state.serving(caller_adapter(request, state))
     if not supports_version_control(backend):
         raise ProxyError(
             501,
@@ -57,6 +65,11 @@ def _require_version_control(state: ProxyState) -> Any:
             kind="unsupported",
         )
     return backend
+
+
+def caller_adapter(request: Request, state: ProxyState) -> str:
+    """The adapter that serves the caller (its API key's owner, or its session's with ``lessons.scope = session``)."""
+    return adapter_of(state.settings, request_owner(request, state.settings, {}))
 
 
 def _version_from(body: dict[str, Any]) -> int:
@@ -72,15 +85,22 @@ def version_control_routes(app: Starlette) -> list[Route]:
     lock = asyncio.Lock()  # one switch at a time: two rollbacks racing would leave either version serving
 
     async def versions(request: Request) -> JSONResponse:
-        backend = _require_version_control(proxy_state(request))
+        state = proxy_state(request)
+        backend = _require_version_control(state, request)
         current = backend.current_version()
         return JSONResponse(
-            {"current": current.version, "current_name": current.name, "servable": backend.servable_versions()}
+            {
+                "adapter": caller_adapter(request, state),
+                "current": current.version,
+                "current_name": current.name,
+                "servable": backend.servable_versions(),
+            }
         )
 
     async def rollback(request: Request) -> JSONResponse:
         state = proxy_state(request)
-        backend = _require_version_control(state)
+        backend = _require_version_control(state, request)
+        adapter = caller_adapter(request, state)
         version = _version_from(await read_json_body(request, MAX_CONTROL_BODY_BYTES))
         async with lock:
             servable = backend.servable_versions()
@@ -100,12 +120,19 @@ def version_control_routes(app: Starlette) -> list[Route]:
                 raise from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
         event = {
             "at": time.time(),
+            "adapter": adapter,
             "policy_version": info.version,
             "policy_name": info.name,
             "previous_version": previous.version,
         }
         app.state.rollbacks[:] = [*app.state.rollbacks[-(KEEP_ROLLBACKS - 1) :], event]
-        log.warning("rolled back: serving version %d (was %d); %s", info.version, previous.version, TRAINER_NOTE)
+        log.warning(
+            "rolled back adapter %s: serving version %d (was %d); %s",
+            adapter,
+            info.version,
+            previous.version,
+            TRAINER_NOTE,
+        )
         return JSONResponse({**event, "servable_versions": backend.servable_versions(), "trainer": TRAINER_NOTE})
 
     return [Route(VERSIONS_PATH, versions, methods=["GET"]), Route(ROLLBACK_PATH, rollback, methods=["POST"])]

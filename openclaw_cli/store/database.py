@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from typing import Any
 
+from openclaw_cli.adapters import trainer_consumer
 from openclaw_cli.store.ledger import StepLedger
 from openclaw_cli.store.lessons import LessonLedger
 from openclaw_cli.store.records import (
@@ -156,6 +157,59 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
             with self._lock, suppress(sqlite3.OperationalError):
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy readers: the next purge retries
         return PurgeResult(turns=purged_turns, sessions=purged_sessions)
+
+    # forgetting an owner (openclaw forget-owner) ---------------------------------------------------------------------
+    def forget_owner(self, owner: str, adapter: str | None, *, batch: int = 500) -> dict[str, int]:
+        """Delete everything stored of ``owner``: its turns (with their payloads, hand-off rows, feedback), the
+        sessions left without turns, its lessons; and with ``adapter`` (the owner's own adapter, not a group's or the
+        shared one) that adapter's steps, checkpoint records and trainer floor. Deleted content is overwritten
+        (``secure_delete``). Returns how many of each were deleted."""
+        counts = {"turns": 0, "sessions": 0, "lessons": 0, "steps": 0, "checkpoints": 0}
+        with self._lock:
+            previous = self._conn.execute("PRAGMA secure_delete").fetchone()[0]
+            self._conn.execute("PRAGMA secure_delete=ON")
+        try:
+            while True:
+                with self.transaction():
+                    rows = self._conn.execute(
+                        "SELECT o.turn_id, t.session_id FROM turn_owners o JOIN turns t ON t.id = o.turn_id "
+                        "WHERE o.owner = ? LIMIT ?",
+                        (owner, batch),
+                    ).fetchall()
+                    if rows:
+                        self._delete_turns([turn_id for turn_id, _ in rows])
+                        sessions = sorted({session for _, session in rows})
+                        marks = ",".join("?" * len(sessions))
+                        counts["sessions"] += self._conn.execute(
+                            f"DELETE FROM sessions WHERE id IN ({marks}) "
+                            "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = sessions.id)",
+                            sessions,
+                        ).rowcount
+                counts["turns"] += len(rows)
+                if len(rows) < batch:
+                    break
+            with self.transaction():
+                self._conn.execute(
+                    "DELETE FROM lesson_uses WHERE lesson_id IN (SELECT id FROM lessons WHERE owner = ?)", (owner,)
+                )
+                counts["lessons"] = self._conn.execute("DELETE FROM lessons WHERE owner = ?", (owner,)).rowcount
+                if adapter is not None:
+                    counts["steps"] = self._conn.execute("DELETE FROM steps WHERE adapter = ?", (adapter,)).rowcount
+                    counts["checkpoints"] = self._conn.execute(
+                        "DELETE FROM checkpoints WHERE adapter = ?", (adapter,)
+                    ).rowcount
+                    self._conn.execute("DELETE FROM claims WHERE consumer = ?", (trainer_consumer(adapter),))
+                    self._conn.execute("DELETE FROM consumer_floors WHERE consumer = ?", (trainer_consumer(adapter),))
+        finally:
+            with self._lock:
+                self._conn.execute(f"PRAGMA secure_delete={int(previous)}")
+        with self._lock, suppress(sqlite3.OperationalError):
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return counts
+
+    def hold_for_maintenance(self) -> None:
+        """Take the store's owner lock (see ``take_over_claims``): a StoreError says a launch is using the store."""
+        self._take_owner_lock()
 
     def _delete_turns(self, ids: Sequence[int]) -> None:
         marks = ",".join("?" * len(ids))
