@@ -218,7 +218,16 @@ async def test_two_owners_decode_in_one_batch_each_on_their_adapter(tiny_model_d
         await a.publish()
         params = SamplingParams(max_tokens=8, temperature=0.0)
         alone_a, alone_b = await a.sample(prompt, params), await b.sample(prompt, params)
-        together = await asyncio.gather(a.sample(prompt, params), b.sample(prompt, params))
+        from openclaw_cli.backends.local import serving
+
+        stacked: list[int] = []
+        original = serving.stack_rows
+        serving.stack_rows = lambda rows, keys: stacked.append(len(rows)) or original(rows, keys)  # type: ignore[assignment]
+        try:
+            together = await asyncio.gather(a.sample(prompt, params), b.sample(prompt, params))
+        finally:
+            serving.stack_rows = original
+        assert stacked == [2]  # one batch of the two rows, stacked once for all its decode steps
         assert [r.tokens for r in together] == [alone_a.tokens, alone_b.tokens]
         for got, want in zip(together, (alone_a, alone_b), strict=True):
             assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4

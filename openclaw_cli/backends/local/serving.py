@@ -69,18 +69,20 @@ class VersionedLoraLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = F.linear(x, self.weight, self.bias)
-        active: ServedVersion | RowVersions | None = getattr(self._active, "served", None)
+        active: ServedVersion | RowStacks | None = getattr(self._active, "served", None)
         if active is None:
             return result
         if isinstance(active, ServedVersion):
             delta = active.weights.get(self.key)
             return result if delta is None else _add_delta(result, x, delta)
-        # A batch whose rows (dim 0) run on different versions: each group of rows gets its own delta.
-        for served, rows in active.groups:
-            delta = served.weights.get(self.key)
-            if delta is not None:
-                result[rows] = _add_delta(result[rows], x[rows], delta)
-        return result
+        # A batch whose rows (dim 0) run on different versions: every row through its own A and B in one batched
+        # matrix product (rows on the base model have zeros there).
+        stacked = active.layers.get(self.key)
+        if stacked is None:
+            return result
+        a_t, b_t = stacked
+        lora = torch.bmm(torch.bmm(x.to(a_t.dtype), a_t), b_t)
+        return (result + lora).to(result.dtype)
 
 
 def _add_delta(result: torch.Tensor, x: torch.Tensor, delta: LoraDelta) -> torch.Tensor:
@@ -90,10 +92,34 @@ def _add_delta(result: torch.Tensor, x: torch.Tensor, delta: LoraDelta) -> torch
 
 
 @dataclass(frozen=True)
-class RowVersions:
-    """The versions of a batch's rows, grouped: (version, the row indices on it) for each version with weights."""
+class RowStacks:
+    """The LoRA deltas of a batch whose rows run on different versions, stacked per layer: row i's A transposed
+    (rows, in, r) and B transposed with the scaling folded in (rows, r, out); zeros for a row on the base model.
+    A batched product then costs about what one adapter's delta does (grouping the rows by version and gathering
+    them cost 1.8x a one-adapter layer on CPU, measured on SmolLM2's layer shapes)."""
 
-    groups: tuple[tuple[ServedVersion, torch.Tensor], ...]
+    rows: tuple[ServedVersion, ...]
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def stack_rows(rows: tuple[ServedVersion, ...], layer_keys: list[str]) -> RowStacks:
+    """The :class:`RowStacks` of ``rows`` (see there); layers no row adapts are left out."""
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for key in layer_keys:
+        deltas = [served.weights.get(key) for served in rows]
+        known = next((d for d in deltas if d is not None), None)
+        if known is None:
+            continue
+        rank = max(d.a.shape[0] for d in deltas if d is not None)
+        a_t = known.a.new_zeros(len(rows), known.a.shape[1], rank)
+        b_t = known.b.new_zeros(len(rows), rank, known.b.shape[0])
+        for i, delta in enumerate(deltas):
+            if delta is not None:
+                r = delta.a.shape[0]
+                a_t[i, :, :r] = delta.a.t()
+                b_t[i, :r, :] = delta.b.t() * delta.scaling
+        layers[key] = (a_t, b_t)
+    return RowStacks(rows, layers)
 
 
 def matches_target(module_name: str, targets: list[str]) -> bool:
@@ -157,6 +183,8 @@ class PolicyVersions:
         self._lock = threading.Lock()
         self._base = ServedVersion(PolicyVersion(BASE_VERSION, "base"))
         self._lines: dict[str, _AdapterLine] = {}
+        # The last mixed batch's stacked deltas: decode steps repeat the same rows until one joins or leaves.
+        self._row_stacks: RowStacks | None = None
 
     @property
     def layer_keys(self) -> list[str]:
@@ -266,20 +294,20 @@ class PolicyVersions:
     def activate_rows(self, rows: list[ServedVersion], device: torch.device) -> Iterator[None]:
         """Route batch row ``i`` (dim 0 of every input) to ``rows[i]`` for code on this thread inside the block,
         so requests on different versions decode in one forward pass."""
-        by_version: dict[int, list[int]] = {}
-        for i, served in enumerate(rows):
-            by_version.setdefault(id(served), []).append(i)
-        if len(by_version) == 1:
+        if all(served is rows[0] for served in rows):
             with self.activate(rows[0]):
                 yield
             return
-        groups = tuple(
-            (rows[indices[0]], torch.tensor(indices, device=device))
-            for indices in by_version.values()
-            if rows[indices[0]].weights
-        )
+        key = tuple(rows)
+        stacks = self._row_stacks
+        if (
+            stacks is None
+            or len(stacks.rows) != len(key)
+            or any(a is not b for a, b in zip(stacks.rows, key, strict=True))
+        ):
+            stacks = self._row_stacks = stack_rows(key, list(self._layers))
         previous = getattr(self._active, "served", None)
-        self._active.served = RowVersions(groups) if groups else None
+        self._active.served = stacks if stacks.layers else None
         try:
             yield
         finally:
