@@ -260,15 +260,22 @@ async def test_vllm_sampler_refuses_owner_adapters_at_start(tiny_model_dir: Path
         await LocalBackend(settings).start()
 
 
-def test_a_backend_without_adapters_is_refused_at_launch(tiny_tokenizer: Any) -> None:
+@pytest.mark.parametrize("name", ["tinker", "fireworks"])
+def test_a_backend_without_adapters_is_refused_at_launch(name: str) -> None:
+    from openclaw_cli.backend import create_backend
     from openclaw_cli.launch import require_adapter_support
 
-    class OneAdapter:
-        name = "one"
-
-    with pytest.raises(BackendError, match="the one backend keeps one adapter for everyone"):
-        require_adapter_support(OneAdapter(), Settings(api_key=ALICE, api_keys=[BOB]))  # type: ignore[arg-type]
-    require_adapter_support(OneAdapter(), Settings(api_key=ALICE))  # type: ignore[arg-type]  # one owner: fine
+    owners = Settings(backend=name, api_key=ALICE, api_keys=[BOB])
+    with pytest.raises(BackendError, match=f"the {name} backend keeps one adapter for everyone.*lora.scope = 'shared'"):
+        require_adapter_support(create_backend(owners), owners)
+    for fine in (
+        Settings(backend=name, api_key=ALICE),
+        owners.model_copy(update={"lora": LoraSettings(scope="shared")}),
+    ):
+        require_adapter_support(create_backend(fine), fine)  # one owner, or one adapter asked for: nothing to refuse
+    gated = Settings(api_key=ALICE, api_keys=[BOB], train={"promotion_gate": True})
+    with pytest.raises(BackendError, match="promotion_gate does not judge owners' own adapters yet"):
+        require_adapter_support(LocalBackend(gated), gated)
 
 
 # --- the proxy: every API serves each owner from its own adapter -----------------------------------------------------
