@@ -122,11 +122,12 @@ class LoraSettings(_Section):
         "shows it (key:<hash>, session:<scope>). A group is served and trained as one owner.",
     )
     resident_adapters: int = Field(
-        8,
+        16,
         ge=1,
         le=4096,
-        description="Owners' trainer states (weights and optimizer moments) kept in memory at once with "
-        "lora.scope = owner; the least recently trained go to local.state_dir and come back when next trained.",
+        description="With lora.scope = owner: owners' adapters kept in memory, for training (weights and optimizer "
+        "moments) and, apart, for serving (their kept versions); the least recently used go to files under "
+        "local.state_dir and come back on their next step or request. The shared adapter always stays.",
     )
 
     @field_validator("groups")

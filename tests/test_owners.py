@@ -487,3 +487,25 @@ def test_forget_owner_erases_their_turns_lessons_and_adapter(tmp_path: Path) -> 
         app, ["--config", str(config), "forget-owner", bob, "--yes", "--set", "lora.scope=shared"]
     )
     assert shared.exit_code == 0 and "the shared adapter keeps what it learned from this owner" in shared.output
+
+
+async def test_owners_past_the_resident_bound_are_served_from_disk_unchanged(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Three owners' adapters with room for one in memory: each comes back from its file with the same replies."""
+    owners = [f"key:{i:016x}" for i in range(3)]
+    async with running(LocalBackend(_settings(tiny_model_dir, tmp_path, resident_adapters=1))) as backend:
+        prompt = user_prompt(backend)
+        served = {}
+        for i, owner in enumerate(owners):
+            view = backend.adapter(owner)
+            await _step(view, prompt, 1.0 if i % 2 else -1.0)
+            await view.publish()
+            served[owner] = await _greedy(view, prompt)
+        assert backend._versions is not None and backend._versions.resident_adapters() == 1
+        spilled = [p for p in (tmp_path / "ckpt").rglob("served-versions.pt")]
+        assert len(spilled) == 2
+        for owner in owners:
+            view = backend.adapter(owner)
+            assert view.current_version().version == 1 and view.servable_versions() == [0, 1]
+            assert await _greedy(view, prompt) == served[owner]

@@ -201,7 +201,14 @@ class LocalBackend(ServesFromSampler):
             trainer = LoraTrainer(loaded.model, settings.lora, seed=settings.local.seed, every_position=False)
         except ValueError as exc:  # e.g. no LoRA target matches this model's layers
             raise BackendError(f"cannot set up LoRA training on {loaded.path}: {exc}") from exc
-        versions = PolicyVersions(loaded.model, settings.lora.targets, keep=settings.local.keep_versions)
+        state_dir = Path(settings.local.state_dir).expanduser().resolve()
+        versions = PolicyVersions(
+            loaded.model,
+            settings.lora.targets,
+            keep=settings.local.keep_versions,
+            resident=settings.lora.resident_adapters,
+            spill_dir=lambda adapter: adapter_state_dir(state_dir, adapter),
+        )
         sampler = TransformersSampler(
             loaded.model,
             loaded.tokenizer,

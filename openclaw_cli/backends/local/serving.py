@@ -14,12 +14,14 @@ holds a reference to its :class:`ServedVersion` from start to finish, so a versi
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import torch
@@ -162,11 +164,25 @@ def install_versioned_lora(
 
 @dataclass
 class _AdapterLine:
-    """One adapter's versions: the published ones kept servable (oldest first), the current one, the last number."""
+    """One adapter's versions: the published ones kept servable (oldest first), the current one, the last number.
+    While the line is out of memory (``spilled``: its file), ``published`` is empty and ``numbers`` and ``current_info``
+    say what it holds."""
 
     published: OrderedDict[int, ServedVersion]
     current: ServedVersion
     latest_number: int = BASE_VERSION
+    spilled: Path | None = None
+    numbers: list[int] = field(default_factory=list)
+    current_info: PolicyVersion | None = None
+
+    def current_version(self) -> PolicyVersion:
+        return self.current_info if self.spilled is not None and self.current_info is not None else self.current.info
+
+    def servable(self) -> list[int]:
+        return [BASE_VERSION, *(self.numbers if self.spilled is not None else self.published)]
+
+
+SPILLED_VERSIONS_FILE = "served-versions.pt"
 
 
 class PolicyVersions:
@@ -174,9 +190,25 @@ class PolicyVersions:
     and the last ``keep`` versions each adapter published. Every adapter numbers its own versions, and one adapter's
     numbers never reach another's: ``acquire(3, adapter="key:a")`` is key:a's version 3 or an error."""
 
-    def __init__(self, model: nn.Module, targets: list[str], *, keep: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        targets: list[str],
+        *,
+        keep: int,
+        resident: int | None = None,
+        spill_dir: Callable[[str], Path] | None = None,
+    ) -> None:
+        """``resident`` (with ``spill_dir``): at most this many owners' adapters keep their versions in memory; the
+        least recently served go to a file in ``spill_dir(adapter)`` and come back on their next request (the shared
+        adapter always stays)."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if resident is not None and (resident < 1 or spill_dir is None):
+            raise ValueError("resident needs spill_dir and must be >= 1")
+        self._resident = resident
+        self._spill_dir = spill_dir
+        self._recent: OrderedDict[str, None] = OrderedDict()  # owners' adapters in memory, least recently used first
         self._active = threading.local()
         self._layers = install_versioned_lora(model, targets, self._active)
         self._keep = keep
@@ -190,12 +222,64 @@ class PolicyVersions:
     def layer_keys(self) -> list[str]:
         return list(self._layers)
 
-    def _line(self, adapter: str) -> _AdapterLine:
-        """``adapter``'s line, created (serving the base) on first use. Call with the lock held."""
+    def _line(self, adapter: str, *, load: bool = True) -> _AdapterLine:
+        """``adapter``'s line, created (serving the base) on first use; with ``load`` its versions in memory (read
+        back if they were spilled, and the least recently used other lines spilled past ``resident``). Call with the
+        lock held."""
         line = self._lines.get(adapter)
         if line is None:
             line = self._lines[adapter] = _AdapterLine(OrderedDict(), self._base)
+        if not load or self._resident is None or adapter == SHARED_ADAPTER:
+            return line
+        if line.spilled is not None:
+            self._read_back(line)
+        self._recent[adapter] = None
+        self._recent.move_to_end(adapter)
+        while len(self._recent) > self._resident:
+            oldest = next(iter(self._recent))
+            del self._recent[oldest]
+            self._spill(oldest, self._lines[oldest])
         return line
+
+    def _spill(self, adapter: str, line: _AdapterLine) -> None:
+        """Write ``line``'s versions to its file and drop them from memory (requests pinned to one keep theirs)."""
+        if not line.published or self._spill_dir is None:
+            return
+        directory = self._spill_dir(adapter)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / SPILLED_VERSIONS_FILE
+        saved = {
+            number: {
+                "info": [served.info.version, served.info.name, served.info.created_at],
+                "weights": {k: [d.a.cpu(), d.b.cpu(), d.scaling] for k, d in served.weights.items()},
+            }
+            for number, served in line.published.items()
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"versions": saved, "current": line.current.number}, tmp)
+        os.replace(tmp, path)
+        line.numbers, line.current_info = list(line.published), line.current.info
+        line.published, line.current, line.spilled = OrderedDict(), self._base, path
+
+    def _read_back(self, line: _AdapterLine) -> None:
+        assert line.spilled is not None
+        saved = torch.load(line.spilled, map_location="cpu", weights_only=True)
+        published: OrderedDict[int, ServedVersion] = OrderedDict()
+        for number, item in saved["versions"].items():
+            version, name, created_at = item["info"]
+            weights = {k: LoraDelta(a, b, float(scaling)) for k, (a, b, scaling) in item["weights"].items()}
+            published[int(number)] = ServedVersion(
+                PolicyVersion(int(version), str(name), float(created_at)), self._prepare(weights)
+            )
+        line.published = published
+        line.current = published.get(int(saved["current"]), self._base)
+        line.spilled.unlink(missing_ok=True)
+        line.spilled, line.numbers, line.current_info = None, [], None
+
+    def resident_adapters(self) -> int:
+        """Owners' adapters whose versions are in memory now."""
+        with self._lock:
+            return len(self._recent)
 
     def adapters(self) -> list[str]:
         """Adapters that have published a version."""
@@ -204,11 +288,11 @@ class PolicyVersions:
 
     def current(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
         with self._lock:
-            return self._line(adapter).current.info
+            return self._line(adapter, load=False).current_version()
 
     def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
         with self._lock:
-            return [BASE_VERSION, *self._line(adapter).published]
+            return self._line(adapter, load=False).servable()
 
     def publish(
         self,
@@ -253,7 +337,10 @@ class PolicyVersions:
     def forget(self, adapter: str) -> None:
         """Drop every version of ``adapter`` (forgetting an owner); requests still running keep theirs to the end."""
         with self._lock:
-            self._lines.pop(adapter, None)
+            line = self._lines.pop(adapter, None)
+            self._recent.pop(adapter, None)
+            if line is not None and line.spilled is not None:
+                line.spilled.unlink(missing_ok=True)
 
     def _evict(self, line: _AdapterLine) -> None:
         """Keep at most ``keep`` published versions, oldest out first, but never the current one (after a rollback
