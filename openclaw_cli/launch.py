@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 import uvicorn
 
 from openclaw_cli import eventloop
-from openclaw_cli.adapters import separate_adapters
+from openclaw_cli.adapters import SHARED_ADAPTER, separate_adapters
 from openclaw_cli.backend import Backend, BackendError, create_backend, supports_adapters
 from openclaw_cli.capture.retention import purge_expired, retention_loop
 from openclaw_cli.dashboard import Snapshot, log_line, render
@@ -230,14 +230,14 @@ async def launch(
         await backend.start()
         sink = SessionCapture(store, settings)
         client = judge_client if judge_client is not None else make_judge_client(settings, backend)
-        trainer = TrainerPool(store, backend, settings)
-        judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
         from openclaw_cli.learn.promotion import make_publisher
 
-        gate = make_publisher(store, backend, client, settings)
-        if gate is not None:
-            trainer.publisher = gate.publish
-            trainer.publish_decision = gate.last_publish
+        # Every adapter's loop publishes through a gate of its own (the collapse guard, the promotion gate).
+        trainer = TrainerPool(
+            store, backend, settings, gate_for=lambda view: make_publisher(store, view, client, settings)
+        )
+        gate = cast("PromotionGate | None", trainer.gates[SHARED_ADAPTER])
+        judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
         await trainer.resume()
         from openclaw_cli.learn.lessons import lesson_keeper
 

@@ -509,3 +509,29 @@ async def test_owners_past_the_resident_bound_are_served_from_disk_unchanged(
             view = backend.adapter(owner)
             assert view.current_version().version == 1 and view.servable_versions() == [0, 1]
             assert await _greedy(view, prompt) == served[owner]
+
+
+async def test_each_adapters_loop_publishes_through_a_gate_of_its_own(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    from openclaw_cli.learn.trainer_pool import TrainerPool
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    made: list[str] = []
+
+    class Gate:
+        def __init__(self, view: Any) -> None:
+            made.append(view.adapter_name)
+
+        async def publish(self, name: str) -> Any: ...
+
+        def last_publish(self) -> None:
+            return None
+
+    alice = key_owner(ALICE)
+    settings = Settings(api_key=ALICE, api_keys=[BOB], local=LocalSettings(state_dir=tmp_path / "ckpt"))
+    with Store(tmp_path / "store.sqlite3") as store:
+        pool = TrainerPool(store, FakeBackend(tiny_tokenizer), settings, gate_for=Gate)
+        _ready_turn(store, alice, alice, 0)
+        await pool.resume()
+        await pool._discover()
+    assert made == [SHARED_ADAPTER, alice]
+    assert pool.loops[alice].publisher == pool.gates[alice].publish  # type: ignore[union-attr]

@@ -2,8 +2,9 @@
 
 With ``lora.scope = "owner"`` (openclaw_cli.adapters) each owner's turns train that owner's adapter only: its own
 loop claims them (store consumer ``trainer@<adapter>``), builds its batches, steps, publishes and checkpoints that
-adapter (under ``local.state_dir/adapters/<name>``), with its own baseline, promotion decisions, collapse guard and
-crash-safe ledger, exactly as the one loop of a shared adapter does. The shared adapter's loop is always there.
+adapter (under ``local.state_dir/adapters/<name>``), with its own baseline, its own publisher (collapse guard and
+promotion gate, ``gate_for``) and crash-safe ledger, exactly as the one loop of a shared adapter does. The shared
+adapter's loop is always there.
 
 **Fairness.** The backend trains one adapter at a time (one model, the adapters' states swapped in and out), so the
 loops take turns: each round goes through the adapters in order of their last step, the one that stepped longest ago
@@ -22,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, Protocol
 
 from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import Backend
@@ -34,38 +35,55 @@ from openclaw_cli.types import PolicyVersion
 log = logging.getLogger("openclaw.trainer")
 
 
+class Gate(Protocol):
+    """What a loop publishes through (learn.promotion.PromotionGate)."""
+
+    async def publish(self, name: str) -> PolicyVersion: ...
+
+    def last_publish(self) -> dict[str, Any] | None: ...
+
+
 class TrainerPool:
     """Every adapter's training loop, stepped in turn (see the module docstring). ``stats``, ``waiting``,
     ``resume``, ``run`` and ``checkpoint`` answer for all of them together, as one TrainerLoop does for itself."""
 
-    def __init__(self, store: Store, backend: Backend, settings: Settings, *, poll_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        settings: Settings,
+        *,
+        poll_s: float = 0.5,
+        gate_for: Callable[[Backend], Gate | None] | None = None,
+    ) -> None:
+        """``gate_for``: the publisher (collapse guard, promotion gate: learn.promotion.make_publisher) each
+        adapter's loop publishes through, made for the backend as that adapter sees it; None: plain publish."""
         self.store = store
         self.backend = backend
         self.settings = settings
         self.poll_s = poll_s
-        self.shared = TrainerLoop(store, backend, settings, poll_s=poll_s)
+        self._gate_for = gate_for
+        self.gates: dict[str, Gate | None] = {}
+        self.shared = self._with_gate(TrainerLoop(store, backend, settings, poll_s=poll_s))
         self.loops: dict[str, TrainerLoop] = {SHARED_ADAPTER: self.shared}
         self._last_step_at: dict[str, float] = {SHARED_ADAPTER: 0.0}
         self._seen_turn = 0  # turn ids up to this one were looked at for new adapters
         self._resumed = False
 
-    # -- what the shared loop alone decides (the promotion gate wraps its publish) ---------------------------------
+    # -- each adapter publishes through its own gate -----------------------------------------------------------------
+
+    def _with_gate(self, loop: TrainerLoop) -> TrainerLoop:
+        gate = self._gate_for(loop.backend) if self._gate_for is not None else None
+        self.gates[loop.adapter] = gate
+        if gate is not None:
+            loop.publisher = gate.publish
+            loop.publish_decision = gate.last_publish
+        return loop
 
     @property
     def publisher(self) -> Callable[[str], Awaitable[PolicyVersion]]:
+        """The shared adapter's publish (its gate's, when there is one)."""
         return self.shared.publisher
-
-    @publisher.setter
-    def publisher(self, publish: Callable[[str], Awaitable[PolicyVersion]]) -> None:
-        self.shared.publisher = publish
-
-    @property
-    def publish_decision(self) -> Callable[[], dict[str, Any] | None]:
-        return self.shared.publish_decision
-
-    @publish_decision.setter
-    def publish_decision(self, decision: Callable[[], dict[str, Any] | None]) -> None:
-        self.shared.publish_decision = decision
 
     # -- status ----------------------------------------------------------------------------------------------------
 
@@ -171,6 +189,7 @@ class TrainerPool:
         loop = self.loops.get(adapter)
         if loop is None:
             loop = TrainerLoop(self.store, self.backend, self.settings, poll_s=self.poll_s, adapter=adapter)
+            self._with_gate(loop)
             await loop.resume()
             self.loops[adapter] = loop
             self._last_step_at[adapter] = 0.0
