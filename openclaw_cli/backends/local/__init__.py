@@ -123,6 +123,7 @@ class LocalBackend(ServesFromSampler):
         the sampler, the locks) with this backend, so it is cheap; call after :meth:`start`."""
         if name == self._adapter:
             return self
+        self._require_versions()  # a view made before start would never see the started parts
         if self._vllm is not None:
             raise BackendError(
                 "an adapter per owner is not served by the vLLM sampler yet; set local.sampler = 'transformers' or "

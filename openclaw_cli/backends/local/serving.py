@@ -233,13 +233,20 @@ class PolicyVersions:
             return line
         if line.spilled is not None:
             self._read_back(line)
+        self._touch(adapter, line)
+        return line
+
+    def _touch(self, adapter: str, line: _AdapterLine) -> None:
+        """``adapter`` was just used: the most recent of the lines in memory (a line with no version yet costs
+        nothing and is not counted); spill the least recent past ``resident``. Call with the lock held."""
+        if self._resident is None or adapter == SHARED_ADAPTER or not line.published:
+            return
         self._recent[adapter] = None
         self._recent.move_to_end(adapter)
         while len(self._recent) > self._resident:
             oldest = next(iter(self._recent))
             del self._recent[oldest]
             self._spill(oldest, self._lines[oldest])
-        return line
 
     def _spill(self, adapter: str, line: _AdapterLine) -> None:
         """Write ``line``'s versions to its file and drop them from memory (requests pinned to one keep theirs)."""
@@ -324,6 +331,7 @@ class PolicyVersions:
             if make_current:
                 line.current = served
             self._evict(line)
+            self._touch(adapter, line)
         return info
 
     def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
