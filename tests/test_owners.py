@@ -535,3 +535,27 @@ async def test_each_adapters_loop_publishes_through_a_gate_of_its_own(tiny_token
         await pool._discover()
     assert made == [SHARED_ADAPTER, alice]
     assert pool.loops[alice].publisher == pool.gates[alice].publish  # type: ignore[union-attr]
+
+
+class _Waiting:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def waiting(self) -> int:
+        return self.n
+
+
+async def test_owners_part_filled_batches_never_hold_the_judge_back(tmp_path: Path) -> None:
+    """Three owners each a turn short of a batch: the judge must go on judging (else no batch ever fills)."""
+    from openclaw_cli.learn.trainer_pool import TrainerPool
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    settings = Settings(train={"batch_size": 4}, judge={"max_ahead": 8})
+    with Store(tmp_path / "store.sqlite3") as store:
+        pool = TrainerPool(store, FakeBackend(None), settings)  # type: ignore[arg-type]
+        for name, waiting in (("shared", 3), ("a", 3), ("b", 3), ("c", 9)):
+            pool.loops[name] = _Waiting(waiting)  # type: ignore[assignment]
+        assert await pool.waiting() == 8 + 3  # c's two full batches and the largest part-filled one
+        for name in ("a", "b", "c"):
+            del pool.loops[name]
+        assert await pool.waiting() == 3  # one adapter: its own count

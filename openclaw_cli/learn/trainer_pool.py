@@ -114,9 +114,13 @@ class TrainerPool:
         ]
 
     async def waiting(self) -> int:
-        """Judged turns no loop has trained yet and still will (see TrainerLoop.waiting)."""
+        """Judged turns the trainer can still take (what the judge paces itself on, ``judge.max_ahead``): every
+        adapter's full batches, plus the largest part-filled batch. One adapter: its own count, as TrainerLoop.waiting.
+        The part-filled batches of the other adapters are left out: counted, three owners each a turn short of a
+        batch could hold the judge back for good, and no batch would ever fill."""
+        batch = self.settings.train.batch_size
         counts = [await loop.waiting() for loop in list(self.loops.values())]
-        return sum(counts)
+        return sum(n - n % batch for n in counts) + max((n % batch for n in counts), default=0)
 
     def backlog(self) -> tuple[int, float | None]:
         """(judged turns not trained, the oldest one's ready time) over every adapter (blocking: a store read)."""
