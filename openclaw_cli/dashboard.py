@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Group
 from rich.panel import Panel
@@ -42,6 +43,8 @@ class Snapshot:
     uptime_s: float = 0.0
     lessons_active: list[str] = field(default_factory=list)  # the active lessons' texts, oldest first
     lessons_by_status: dict[str, int] = field(default_factory=dict)
+    # lora.scope = owner: each owner's adapter (owner id or group name, never a key) with its version and steps
+    adapters: list[dict[str, Any]] = field(default_factory=list)
 
 
 def sparkline(values: list[float], low: float = -1.0, high: float = 1.0, width: int = 24) -> str:
@@ -71,6 +74,11 @@ def render(snapshot: Snapshot) -> Panel:
     table.add_row("serving", f"{snapshot.url} ({snapshot.backend} backend)")
     table.add_row("backend", health)
     table.add_row("policy", f"version {snapshot.policy_version}, {snapshot.steps} step(s), method {snapshot.method}")
+    owners = [row for row in snapshot.adapters if row.get("adapter") != "shared"]
+    if owners:
+        latest = ", ".join(f"{row['adapter']} v{row['version']} ({row['steps']} steps)" for row in owners[:3])
+        more = f" and {len(owners) - 3} more" if len(owners) > 3 else ""
+        table.add_row("owners", f"{len(owners)} adapter(s): {latest}{more}")
     table.add_row("requests", f"{snapshot.requests_total} total, {snapshot.in_flight} in flight")
     table.add_row("sessions", f"{snapshot.sessions_open} open / {snapshot.sessions_total} total")
     table.add_row(

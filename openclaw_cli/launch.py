@@ -186,6 +186,7 @@ class Runtime:
             uptime_s=time.time() - self.started_at,
             lessons_active=[lesson["text"] for lesson in lessons["active"]],
             lessons_by_status=lessons["counts"],
+            adapters=self.trainer.adapters(),
         )
 
     def _note(self, error: str) -> None:

@@ -559,3 +559,18 @@ async def test_owners_part_filled_batches_never_hold_the_judge_back(tmp_path: Pa
         for name in ("a", "b", "c"):
             del pool.loops[name]
         assert await pool.waiting() == 3  # one adapter: its own count
+
+
+def test_the_dashboard_shows_each_owners_adapter_never_a_key() -> None:
+    from rich.console import Console
+
+    from openclaw_cli.dashboard import Snapshot, render
+
+    rows = [
+        {"adapter": "shared", "version": 0, "steps": 0},
+        {"adapter": key_owner(ALICE), "version": 3, "steps": 3},
+    ]
+    console = Console(width=200, record=True)
+    console.print(render(Snapshot(url="u", backend="local", backend_ok=True, policy_version=0, adapters=rows)))
+    text = console.export_text()
+    assert f"1 adapter(s): {key_owner(ALICE)} v3 (3 steps)" in text and ALICE not in text
