@@ -472,6 +472,8 @@ def test_forget_owner_erases_their_turns_lessons_and_adapter(tmp_path: Path) -> 
         store.record_checkpoint(1, "x", adapter=alice)
     adapter_dir = adapter_state_dir((tmp_path / "ckpt").resolve(), alice) / "step-00000001"
     adapter_dir.mkdir(parents=True)
+    exported = CliRunner().invoke(app, ["--config", str(config), "export", "--owner", alice])
+    assert exported.exit_code == 0 and len(exported.output.splitlines()) == len(hers)
     with Store(tmp_path / "store.sqlite3") as running_server:
         running_server.take_over_claims("judge")  # what a launch does first: it holds the store from then on
         refused = CliRunner().invoke(app, ["--config", str(config), "forget-owner", alice, "--yes"])

@@ -2,7 +2,8 @@
 
 ``--format messages`` gives each turn in OpenAI chat format (the prompt messages followed by the assistant reply)
 with its session/turn ids, type, status, next state and reward; ``--format tokens`` gives the exact prompt and
-completion token ids, the sampler's log-probs and the policy version: what training consumes.
+completion token ids, the sampler's log-probs and the policy version: what training consumes. ``--owner ID`` keeps
+one owner's turns (what an owner asking for their data gets, as `openclaw forget-owner` erases it).
 
 With ``store.redact`` set (see :mod:`openclaw_cli.capture.redaction`), ``messages`` rows carry redacted text and
 ``tokens`` rows leave out the turns whose text holds an enabled kind (token ids cannot be redacted).
@@ -54,6 +55,7 @@ class ExportFilters:
     turn_type: str | None = None
     status: str | None = None
     since: float | None = None
+    owner: str | None = None
 
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -129,7 +131,11 @@ def export_turns(
     to_row = messages_row if fmt is ExportFormat.messages else tokens_row
     count = 0
     for turn in store.iter_turns(
-        session_ids=filters.session_ids, turn_type=filters.turn_type, status=filters.status, since=filters.since
+        session_ids=filters.session_ids,
+        turn_type=filters.turn_type,
+        status=filters.status,
+        since=filters.since,
+        owner=filters.owner,
     ):
         row = to_row(turn)
         if redactor is not None and redactor.enabled:
@@ -166,6 +172,9 @@ def export_command(
     since: Annotated[
         str | None, typer.Option("--since", help="Only turns captured since: Unix seconds, ISO date/time, or 2h/7d.")
     ] = None,
+    owner: Annotated[
+        str | None, typer.Option("--owner", help="Only this owner's turns (key:<hash> or session:<id>).")
+    ] = None,
     config: ConfigOption = None,
     set_: SetOption = None,
 ) -> None:
@@ -177,6 +186,7 @@ def export_command(
             turn_type=turn_type.value if turn_type is not None else None,
             status=status,
             since=parse_since(since) if since is not None else None,
+            owner=owner,
         )
     except ValueError as exc:
         raise CliFailure(str(exc), EXIT_REFUSED) from None

@@ -47,6 +47,7 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
         turn_type: str | None = None,
         status: str | None = None,
         since: float | None = None,
+        owner: str | None = None,
         batch: int = 256,
     ) -> Iterator[TurnRecord]:
         """Turns in id order matching every given filter; fetched in batches so memory stays bounded."""
@@ -64,6 +65,9 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
         if since is not None:
             where.append("t.created_at >= ?")
             params.append(since)
+        if owner is not None:
+            where.append("t.id IN (SELECT turn_id FROM turn_owners WHERE owner = ?)")
+            params.append(owner)
         last_id = 0
         while True:
             clause = " AND ".join([*where, "t.id > ?"])
