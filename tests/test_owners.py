@@ -380,6 +380,7 @@ class _StubLoop:
         from openclaw_cli.learn.trainer_loop import TrainerStats
 
         self.name, self.batches, self.log, self.stats = name, batches, log, TrainerStats()
+        self.pending_turns = 0
 
     async def run_once(self) -> Any:
         from openclaw_cli.learn.trainer_loop import StepReport
@@ -580,3 +581,27 @@ def test_the_dashboard_shows_each_owners_adapter_never_a_key() -> None:
     console.print(render(Snapshot(url="u", backend="local", backend_ok=True, policy_version=0, adapters=rows)))
     text = console.export_text()
     assert f"1 adapter(s): {key_owner(ALICE)} v3 (3 steps)" in text and ALICE not in text
+
+
+async def test_idle_owners_are_asked_less_often_when_there_are_many(tmp_path: Path) -> None:
+    from openclaw_cli.learn.trainer_pool import MAX_IDLE_S, TrainerPool
+    from openclaw_cli.testing.fake_backend import FakeBackend
+
+    asked: list[str] = []
+    with Store(tmp_path / "store.sqlite3") as store:
+        pool = TrainerPool(store, FakeBackend(None), Settings())  # type: ignore[arg-type]
+        pool.loops.clear()
+        for i in range(200):
+            name = f"key:{i:016x}"
+            loop = _StubLoop(name, 0, asked)
+
+            async def run_once(name: str = name) -> None:
+                asked.append(name)
+
+            loop.run_once = run_once  # type: ignore[method-assign]
+            pool.loops[name] = loop  # type: ignore[assignment]
+            pool._last_step_at[name] = 0.0
+        for _ in range(10):
+            await pool.run_once()
+    # Asked once each, then backed off (0.5 s, then more): ten quick rounds ask each idle owner at most once more.
+    assert len(asked) <= 2 * 200 and MAX_IDLE_S > 0

@@ -190,6 +190,11 @@ class TrainerLoop:
         self.publish_decision: Callable[[], dict[str, Any] | None] = lambda: None
 
     @property
+    def pending_turns(self) -> int:
+        """Claimed turns waiting for a full batch."""
+        return len(self._pending)
+
+    @property
     def state_dir(self) -> Path:
         return adapter_state_dir(Path(self.settings.local.state_dir).expanduser().resolve(), self.adapter)
 

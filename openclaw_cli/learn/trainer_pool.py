@@ -10,9 +10,11 @@ adapter's loop is always there.
 loops take turns: each round goes through the adapters in order of their last step, the one that stepped longest ago
 first, and the first whose batch is full takes one step; then the round starts over. An owner with a long backlog
 therefore steps once and goes to the back of the line behind every other owner with a full batch: nobody starves,
-and an owner alone on the server trains as fast as the shared loop would. An owner with nothing to train costs one
-small store query a round, and an owner the server has never seen costs nothing: a loop is made for an adapter the
-first time a turn it served shows up in the store.
+and an owner alone on the server trains as fast as the shared loop would. An owner with nothing to train is asked
+less and less often when there are many (every :data:`MAX_IDLE_S` seconds at most, so a judged turn of theirs waits
+that long at worst; with a few adapters every round, as one shared loop always was), and
+an owner the server has never seen costs nothing: a loop is made for an adapter the first time a turn it served shows
+up in the store.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from openclaw_cli.store import Store
 from openclaw_cli.types import PolicyVersion
 
 log = logging.getLogger("openclaw.trainer")
+MAX_IDLE_S = 8.0  # the longest an idle adapter waits before its loop looks for judged turns again
 
 
 class Gate(Protocol):
@@ -68,6 +71,8 @@ class TrainerPool:
         self.loops: dict[str, TrainerLoop] = {SHARED_ADAPTER: self.shared}
         self._last_step_at: dict[str, float] = {SHARED_ADAPTER: 0.0}
         self._seen_turn = 0  # turn ids up to this one were looked at for new adapters
+        self._idle_s: dict[str, float] = {}  # how long an adapter that found nothing waits before it is asked again
+        self._idle_until: dict[str, float] = {}
         self._resumed = False
 
     # -- each adapter publishes through its own gate -----------------------------------------------------------------
@@ -165,14 +170,35 @@ class TrainerPool:
     async def run_once(self) -> bool:
         """One step of the adapter that stepped longest ago among those with a full batch (or a batch dropped for
         no signal, which lets the next one go at once). Returns whether any loop did something."""
+        now = time.monotonic()
         for adapter in sorted(self.loops, key=lambda a: self._last_step_at[a]):
+            if self._idle_until.get(adapter, 0.0) > now:
+                continue
             loop = self.loops[adapter]
             skipped_before = loop.stats.skipped_batches
             report: StepReport | None = await loop.run_once()
             if report is not None or loop.stats.skipped_batches > skipped_before:
                 self._last_step_at[adapter] = time.monotonic()
+                self._idle_s.pop(adapter, None)
+                self._idle_until.pop(adapter, None)
                 return True
+            self._back_off(adapter, loop)
         return False
+
+    def _back_off(self, adapter: str, loop: TrainerLoop) -> None:
+        """An adapter that found nothing to claim is asked again later and later (up to :data:`MAX_IDLE_S`): a
+        claim is a write transaction, and a thousand idle owners asked every round would crowd the store. One that
+        holds a part-filled batch is asked every round."""
+        if loop.pending_turns:
+            self._idle_s.pop(adapter, None)
+            self._idle_until.pop(adapter, None)
+            return
+        # The cap grows with the number of adapters: a few are asked every round (as one shared loop always was),
+        # a thousand about a hundred a second.
+        cap = min(MAX_IDLE_S, self.poll_s * len(self.loops) / 4)
+        wait = min(cap, 2 * self._idle_s.get(adapter, self.poll_s / 2))
+        self._idle_s[adapter] = wait
+        self._idle_until[adapter] = time.monotonic() + wait
 
     async def checkpoint(self) -> None:
         for adapter, loop in list(self.loops.items()):
