@@ -4,10 +4,10 @@ adapters, against the same 4 requests on one adapter, in one run.
     python bench/mixed_adapters.py [--model smollm2|tiny|PATH] [--tokens 64] [--rounds 5]
 
 The local sampler decodes every running request in one forward pass, a row per request, each row on the LoRA deltas
-of the policy version it pinned (``PolicyVersions.activate_rows``: the rows of each version go through that
-version's A and B, gathered by index; the base weights run once for the whole batch). An adapter per owner
-(issue 40) would be served the same way, a version per owner instead of a version per publish, so two published
-versions with different weights stand in for two owners' adapters here:
+of the version it pinned (``PolicyVersions.activate_rows``: every row's A and B stacked, once per change of the
+batch's rows, and one batched matrix product per LoRA layer; the base weights run once for the whole batch). An
+adapter per owner (``lora.scope = owner``) is served the same way, and two published versions with different weights
+stand in for two owners' adapters here:
 
 - one adapter: 4 concurrent requests all pinned to version 2;
 - two adapters: the same 4 requests, 2 pinned to version 1 and 2 to version 2 (weights one training step apart).
@@ -15,7 +15,7 @@ versions with different weights stand in for two owners' adapters here:
 Every request asks for ``--tokens`` new tokens at temperature 0 from prompts that make the model talk; a reply that
 ends early counts the tokens it made. The two cases alternate over ``--rounds`` rounds and the ratio (two adapters
 over one, total tokens/s) is taken within each round, then the median: a shared 2-core machine drifts by +-20% within
-minutes. The goal issue 40 sets: at least 0.8. Nothing else should run on the machine meanwhile.
+minutes. The goal: at least 0.8. Nothing else should run on the machine meanwhile.
 """
 
 from __future__ import annotations
