@@ -260,7 +260,7 @@ async def test_vllm_sampler_refuses_owner_adapters_at_start(tiny_model_dir: Path
         await LocalBackend(settings).start()
 
 
-@pytest.mark.parametrize("name", ["tinker", "fireworks"])
+@pytest.mark.parametrize("name", ["fireworks"])
 def test_a_backend_without_adapters_is_refused_at_launch(name: str) -> None:
     from openclaw_cli.backend import create_backend
     from openclaw_cli.launch import require_adapter_support

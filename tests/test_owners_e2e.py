@@ -40,13 +40,30 @@ async def _plain_replies(client: openai.AsyncOpenAI) -> list[tuple[str, str, str
     return out
 
 
-async def test_one_owners_corrections_train_only_their_adapter(learnable_model_dir: Path, tmp_path: Path) -> None:
-    settings = e2e_settings(learnable_model_dir, tmp_path, free_port(), api_keys=[ALICE, BOB])
+@pytest.mark.parametrize("backend_name", ["local", "tinker"])
+async def test_one_owners_corrections_train_only_their_adapter(
+    learnable_model_dir: Path, tmp_path: Path, backend_name: str
+) -> None:
+    settings = e2e_settings(
+        learnable_model_dir, tmp_path, free_port(), backend=backend_name, api_keys=[ALICE, BOB], tinker={"api_key": "k"}
+    )
+    backend = None
+    double = None
+    if backend_name == "tinker":  # the Tinker backend, unchanged, against its SDK double (tests/test_e2e_tinker.py)
+        from e2e_scenario import LORA_ALPHA
+
+        from openclaw_cli.backends.tinker import TinkerBackend
+        from openclaw_cli.testing.tinker_double import TinkerDouble
+
+        double = TinkerDouble(learnable_model_dir, lora_alpha=LORA_ALPHA, seed=0)
+        backend = TinkerBackend(settings, service_client_factory=double.service_client)
     alice, bob = key_owner(ALICE), key_owner(BOB)
     stop = asyncio.Event()
     ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
     judge = ScriptedJudge()
-    task = asyncio.create_task(launch(settings, ui=False, stop=stop, judge_client=judge, on_ready=ready.set_result))
+    task = asyncio.create_task(
+        launch(settings, ui=False, stop=stop, judge_client=judge, on_ready=ready.set_result, backend=backend)
+    )
     try:
         runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
         as_alice = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
@@ -70,6 +87,8 @@ async def test_one_owners_corrections_train_only_their_adapter(learnable_model_d
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=60)
+        if double is not None:
+            double.close()
     assert bob_after == bob_before  # the same seeded replies: bob is still served by the base model
     assert {adapter for _, adapter, _ in bob_after} == {bob} and {v for *_, v in bob_after} == {"0"}
     assert {adapter for _, adapter, _ in alice_now} == {alice} and {v for *_, v in alice_now} == {str(STEPS)}

@@ -515,3 +515,39 @@ def test_datum_conversion_builds_fireworks_sdk_types_too() -> None:
     assert sent.loss_fn_inputs["target_tokens"].tolist() == [0, 0, 8, 9]
     assert sent.loss_fn_inputs["logprobs"].tolist() == [0.0, 0.0, -0.5, -0.25]
     assert sent.loss_fn_inputs["advantages"].tolist() == [0.0, 0.0, 0.5, -1.0]
+
+
+async def test_each_owner_gets_a_training_run_of_their_own(
+    double: TinkerDouble, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """lora.scope = owner on Tinker: a LoRA training run per owner on the same base; each numbers its own versions,
+    serves the base until its first publish, and checkpoints under its own directory."""
+    from openclaw_cli.adapters import adapter_state_dir
+    from openclaw_cli.backend import BackendError
+    from openclaw_cli.types import AdamParams, SamplingParams, datum_from_completion
+
+    alice, bob = "key:00000000000000aa", "key:00000000000000bb"
+    backend = await started(double, tinker_settings(tiny_model_dir, tmp_path))
+    try:
+        a, b = backend.adapter(alice), backend.adapter(bob)
+        assert backend.adapter(alice) is a and backend.adapter("shared") is backend
+        prompt = prompt_of(backend, "What is the capital of France?")
+        greedy = SamplingParams(max_tokens=6, temperature=0.0)
+        base_reply = (await b.sample(prompt, greedy)).tokens
+        reply = await a.sample(prompt, SamplingParams(max_tokens=6, temperature=1.0, seed=1))
+        datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
+        await a.forward_backward([datum], "importance_sampling")
+        await a.optim_step(AdamParams(learning_rate=0.5))
+        assert (await a.publish()).version == 1
+        assert b.current_version().version == backend.current_version().version == 0
+        assert b.servable_versions() == [0] and a.servable_versions() == [0, 1]
+        assert (await b.sample(prompt, greedy)).tokens == base_reply
+        with pytest.raises(BackendError, match="version 1 is not servable"):
+            await b.sample(prompt, greedy, version=1)
+        path = await a.save_state("step-00000001")
+        assert Path(path).parent == adapter_state_dir((tmp_path / "ckpt").resolve(), alice)
+        with pytest.raises(BackendError, match=f"adapter {alice}'s checkpoint, not shared's"):
+            await backend.load_state(path)
+        assert len(double.calls("create_lora_training_client")) == 1  # bob never trained: no run of his yet
+    finally:
+        await backend.close()

@@ -49,6 +49,7 @@ on top of the SDK's own HTTP retries.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import logging
@@ -62,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
+from openclaw_cli.adapters import SHARED_ADAPTER, adapter_state_dir
 from openclaw_cli.backend import BASE_VERSION, BackendError, none_before
 from openclaw_cli.backends import tinker_wire as wire
 from openclaw_cli.types import (
@@ -146,24 +148,47 @@ class TinkerShapedBackend:
         self._redact = tuple(s for s in redact if s)
         self._sdk: TinkerShapedSdk | None = None
         self._service: Any = None
-        self._training: Any = None
         self._tokenizer: HFChatTokenizer | None = None
         self._base: ServedVersion | None = None
+        self.save_version_states = save_version_states
+        self._start_lock = asyncio.Lock()
+        # An adapter per owner (openclaw_cli.adapters): each is a training run of its own on the same base model,
+        # with its own versions and checkpoints; the service, the tokenizer and the base sampler are shared.
+        self._adapter = SHARED_ADAPTER
+        self._views: dict[str, TinkerShapedBackend] = {}
+        self._new_adapter_state()
+
+    def _new_adapter_state(self) -> None:
+        """What belongs to one adapter: its training run, versions, step count, saved states and locks."""
+        self._training: Any = None
         self._published: OrderedDict[int, ServedVersion] = OrderedDict()
-        self._current: ServedVersion | None = None
+        self._current: ServedVersion | None = self._base
         self._latest_number = BASE_VERSION
         self._step = 0  # optimizer steps taken by this training run
         # The version whose weights the training client holds exactly now (None once it trained past them).
         self._trainer_version: int | None = BASE_VERSION
         # Service paths of the training state saved with each kept published version (for train_from).
-        self.save_version_states = save_version_states
         self._train_states: dict[int, str] = {}
         # A forward_backward was submitted since the last optim_step went through: the service may hold gradients.
         self._gradients_pending = False
         self._discards = 0
-        self._start_lock = asyncio.Lock()
         self._training_open_lock = asyncio.Lock()
         self._train_lock = asyncio.Lock()
+
+    def adapter(self, name: str) -> TinkerShapedBackend:
+        """This backend as adapter ``name`` sees it (see :class:`~openclaw_cli.backend.SupportsAdapters`): a LoRA
+        training run of its own on the same base model, created on its first training call, its own version numbers
+        (the base model, 0, until its first publish) and checkpoints under ``local.state_dir/adapters/<name>``."""
+        if name == self._adapter:
+            return self
+        self._require_service()
+        view = self._views.get(name)
+        if view is None:
+            view = copy.copy(self)  # shares the service, the tokenizer, the base sampler and the views
+            view._adapter = name
+            view._new_adapter_state()
+            self._views[name] = view
+        return view
 
     # -- binding hooks -------------------------------------------------------------------------------------------
 
@@ -501,7 +526,7 @@ class TinkerShapedBackend:
         """
         if not _STATE_NAME.match(name):
             raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
-        target = Path(self.settings.local.state_dir).expanduser().resolve() / name
+        target = adapter_state_dir(Path(self.settings.local.state_dir).expanduser().resolve(), self._adapter) / name
         async with self._train_lock:
             current = self._require_current().info
             service_path: str | None = None
@@ -513,6 +538,7 @@ class TinkerShapedBackend:
                 raise BackendError("there is trained state but no training client to save it from")
             record = {
                 "backend": self.name,
+                "adapter": self._adapter,
                 "service_path": service_path,
                 "model": self.base_model,
                 "lora_rank": self.settings.lora.rank,
@@ -578,6 +604,9 @@ class TinkerShapedBackend:
             )
         if record.get("model") != self.base_model:
             raise BackendError(f"{directory} was trained on {record.get('model')}, this run uses {self.base_model}")
+        saved_adapter = record.get("adapter", SHARED_ADAPTER)
+        if saved_adapter != self._adapter:
+            raise BackendError(f"{directory} is adapter {saved_adapter}'s checkpoint, not {self._adapter}'s")
         return record
 
     # -- internals -----------------------------------------------------------------------------------------------
