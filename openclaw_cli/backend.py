@@ -293,7 +293,9 @@ def adapter_backend(backend: Backend, name: str) -> Backend:
 
 
 def supports_adapters(backend: object) -> bool:
-    return callable(getattr(backend, "adapter", None))
+    """Whether ``backend`` gives owners adapters of their own (a backend whose support depends on its settings says
+    so in a ``serves_adapters`` attribute)."""
+    return callable(getattr(backend, "adapter", None)) and bool(getattr(backend, "serves_adapters", True))
 
 
 def supports_version_control(backend: object) -> bool:

@@ -265,7 +265,7 @@ def test_a_backend_without_adapters_is_refused_at_launch(name: str) -> None:
     from openclaw_cli.backend import create_backend
     from openclaw_cli.launch import require_adapter_support
 
-    owners = Settings(backend=name, api_key=ALICE, api_keys=[BOB])
+    owners = Settings(backend=name, api_key=ALICE, api_keys=[BOB], fireworks={"mode": "batch"})
     with pytest.raises(BackendError, match=f"the {name} backend keeps one adapter for everyone.*lora.scope = 'shared'"):
         require_adapter_support(create_backend(owners), owners)
     for fine in (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -16,6 +17,7 @@ from runtime_helpers import free_port
 
 from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.lesson_prompt import key_owner
+from openclaw_cli.testing.tinker_double import TinkerDouble
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,7 +42,7 @@ async def _plain_replies(client: openai.AsyncOpenAI) -> list[tuple[str, str, str
     return out
 
 
-@pytest.mark.parametrize("backend_name", ["local", "tinker"])
+@pytest.mark.parametrize("backend_name", ["local", "tinker", "fireworks"])
 async def test_one_owners_corrections_train_only_their_adapter(
     learnable_model_dir: Path, tmp_path: Path, backend_name: str
 ) -> None:
@@ -48,15 +50,22 @@ async def test_one_owners_corrections_train_only_their_adapter(
         learnable_model_dir, tmp_path, free_port(), backend=backend_name, api_keys=[ALICE, BOB], tinker={"api_key": "k"}
     )
     backend = None
-    double = None
+    double: Any = None
     if backend_name == "tinker":  # the Tinker backend, unchanged, against its SDK double (tests/test_e2e_tinker.py)
         from e2e_scenario import LORA_ALPHA
 
         from openclaw_cli.backends.tinker import TinkerBackend
-        from openclaw_cli.testing.tinker_double import TinkerDouble
 
         double = TinkerDouble(learnable_model_dir, lora_alpha=LORA_ALPHA, seed=0)
         backend = TinkerBackend(settings, service_client_factory=double.service_client)
+    if backend_name == "fireworks":  # step-wise mode over loopback HTTP to its double (tests/test_e2e_fireworks.py)
+        from openclaw_cli.settings import FireworksSettings
+        from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
+
+        model = "accounts/fireworks/models/tiny-learnable"
+        double = FireworksTrainingDouble(learnable_model_dir, base_model=model).__enter__()
+        update = FireworksSettings(mode="stepwise", api_key=double.api_key, base_url=double.url, base_model=model)
+        settings = settings.model_copy(update={"fireworks": update})
     alice, bob = key_owner(ALICE), key_owner(BOB)
     stop = asyncio.Event()
     ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
@@ -87,8 +96,10 @@ async def test_one_owners_corrections_train_only_their_adapter(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=60)
-        if double is not None:
+        if isinstance(double, TinkerDouble):
             double.close()
+        elif double is not None:
+            double.__exit__(None, None, None)
     assert bob_after == bob_before  # the same seeded replies: bob is still served by the base model
     assert {adapter for _, adapter, _ in bob_after} == {bob} and {v for *_, v in bob_after} == {"0"}
     assert {adapter for _, adapter, _ in alice_now} == {alice} and {v for *_, v in alice_now} == {str(STEPS)}

@@ -22,7 +22,8 @@ import os
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.backend import BackendError, Check, DelegatingBackend, NotYetAvailable
+from openclaw_cli.adapters import SHARED_ADAPTER
+from openclaw_cli.backend import BackendError, Check, DelegatingBackend, NotYetAvailable, adapter_backend
 from openclaw_cli.settings import env_secret
 
 if TYPE_CHECKING:
@@ -64,6 +65,25 @@ class FireworksBackend(DelegatingBackend):
         if self.impl is None:
             raise BackendError("the Fireworks backend is not started; call start() first")
         return self.impl
+
+    # -- an adapter per owner (SupportsAdapters): step-wise mode only, a training run per owner -----------------------
+
+    @property
+    def serves_adapters(self) -> bool:
+        """Whether this mode trains an adapter per owner (openclaw_cli.backend.supports_adapters reads it): step-wise
+        mode does, as the Tinker backend does; batch mode keeps one LoRA on its deployment."""
+        return self.mode == "stepwise"
+
+    def adapter(self, name: str) -> Backend:
+        if name == SHARED_ADAPTER:
+            return self
+        if not self.serves_adapters:
+            raise BackendError(
+                "Fireworks batch mode keeps one LoRA for everyone; set lora.scope = 'shared' or fireworks.mode = "
+                "'stepwise'",
+                status_code=501,
+            )
+        return adapter_backend(self.delegate(), name)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
