@@ -171,6 +171,22 @@ class Observed:
         return (sum(window) / len(window) if window else None), len(window)
 
 
+async def chat_turn(
+    client: Any, session: str, messages: list[dict[str, str]], args: argparse.Namespace, who: str
+) -> str | None:
+    """One main-line turn of a scripted user's session: the reply's text, or None (said, after a pause) when the
+    request failed."""
+    body = {"model": "policy", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.8}
+    response = await client.post(
+        "/v1/chat/completions", json=body, headers={"X-Session-Id": session, "X-Turn-Type": "main"}
+    )
+    if response.status_code != 200:
+        print(f"  {who}: request failed {response.status_code}: {response.text[:200]}")
+        await asyncio.sleep(1)
+        return None
+    return str(response.json()["choices"][0]["message"].get("content") or "")
+
+
 async def scripted_user(
     client: Any, user: int, args: argparse.Namespace, observed: Observed, stop: asyncio.Event
 ) -> None:
@@ -185,15 +201,9 @@ async def scripted_user(
         for _ in range(args.turns):
             if stop.is_set():
                 return
-            body = {"model": "policy", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.8}
-            response = await client.post(
-                "/v1/chat/completions", json=body, headers={"X-Session-Id": session, "X-Turn-Type": "main"}
-            )
-            if response.status_code != 200:
-                print(f"  user {user}: request failed {response.status_code}: {response.text[:200]}")
-                await asyncio.sleep(1)
+            reply = await chat_turn(client, session, messages, args, f"user {user}")
+            if reply is None:
                 break
-            reply = response.json()["choices"][0]["message"].get("content") or ""
             keys = first.keys if first else SCRIPT.questions[question]
             short = word_count(reply) <= args.max_words
             answers = names_a_key_word(reply, keys)

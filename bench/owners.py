@@ -70,16 +70,10 @@ async def praising_user(client: Any, args: argparse.Namespace, stop: asyncio.Eve
         for _ in range(args.turns):
             if stop.is_set():
                 return
-            body = {"model": "policy", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.8}
-            response = await client.post(
-                "/v1/chat/completions", json=body, headers={"X-Session-Id": session, "X-Turn-Type": "main"}
-            )
-            if response.status_code != 200:
-                print(f"  owner B: request failed {response.status_code}: {response.text[:200]}")
-                await asyncio.sleep(1)
+            reply = await learning.chat_turn(client, session, messages, args, "owner B")
+            if reply is None:
                 break
             counted[0] += 1
-            reply = response.json()["choices"][0]["message"].get("content") or ""
             nxt = rng.choice(list(script.questions))
             follow_up = rng.choice(follow_ups) if rng.random() < 0.5 else script.thanks.format(question=nxt)
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from openclaw_cli.adapters import trainer_consumer
@@ -129,10 +129,7 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
         """
         now = time.time() if now is None else now
         purged_turns = purged_sessions = 0
-        with self._lock:
-            previous = self._conn.execute("PRAGMA secure_delete").fetchone()[0]
-            self._conn.execute("PRAGMA secure_delete=ON")
-        try:
+        with self._securely_deleting():
             while True:
                 with self.transaction():
                     ids = [
@@ -154,9 +151,6 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
                     "AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = sessions.id)",
                     (cutoff,),
                 ).rowcount
-        finally:
-            with self._lock:
-                self._conn.execute(f"PRAGMA secure_delete={int(previous)}")
         if purged_turns or purged_sessions:
             with self._lock, suppress(sqlite3.OperationalError):
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy readers: the next purge retries
@@ -169,10 +163,7 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
         shared one) that adapter's steps, checkpoint records and trainer floor. Deleted content is overwritten
         (``secure_delete``). Returns how many of each were deleted."""
         counts = {"turns": 0, "sessions": 0, "lessons": 0, "steps": 0, "checkpoints": 0}
-        with self._lock:
-            previous = self._conn.execute("PRAGMA secure_delete").fetchone()[0]
-            self._conn.execute("PRAGMA secure_delete=ON")
-        try:
+        with self._securely_deleting():
             while True:
                 with self.transaction():
                     rows = self._conn.execute(
@@ -204,9 +195,6 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
                     ).rowcount
                     self._conn.execute("DELETE FROM claims WHERE consumer = ?", (trainer_consumer(adapter),))
                     self._conn.execute("DELETE FROM consumer_floors WHERE consumer = ?", (trainer_consumer(adapter),))
-        finally:
-            with self._lock:
-                self._conn.execute(f"PRAGMA secure_delete={int(previous)}")
         with self._lock, suppress(sqlite3.OperationalError):
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return counts
@@ -214,6 +202,18 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
     def hold_for_maintenance(self) -> None:
         """Take the store's owner lock (see ``take_over_claims``): a StoreError says a launch is using the store."""
         self._take_owner_lock()
+
+    @contextmanager
+    def _securely_deleting(self) -> Iterator[None]:
+        """Inside the block, deleted content is overwritten in the file (``secure_delete``), not just unlinked."""
+        with self._lock:
+            previous = self._conn.execute("PRAGMA secure_delete").fetchone()[0]
+            self._conn.execute("PRAGMA secure_delete=ON")
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._conn.execute(f"PRAGMA secure_delete={int(previous)}")
 
     def _delete_turns(self, ids: Sequence[int]) -> None:
         marks = ",".join("?" * len(ids))
