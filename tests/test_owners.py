@@ -605,3 +605,41 @@ async def test_idle_owners_are_asked_less_often_when_there_are_many(tmp_path: Pa
             await pool.run_once()
     # Asked once each, then backed off (0.5 s, then more): ten quick rounds ask each idle owner at most once more.
     assert len(asked) <= 2 * 200 and MAX_IDLE_S > 0
+
+
+async def test_an_owner_takes_their_own_adapter_and_only_theirs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import io
+    import json
+    import tarfile
+
+    from openclaw_cli.proxy import BackgroundServer, create_app
+    from openclaw_cli.testing.fake_backend import MemorySink
+
+    alice = key_owner(ALICE)
+    settings = _settings(tiny_model_dir, tmp_path)
+    async with running(LocalBackend(settings)) as backend:
+        a = backend.adapter(alice)
+        await _step(a, user_prompt(backend), 1.0)
+        await a.publish()
+        served = backend._versions.acquire(None, alice)  # type: ignore[union-attr]
+        server = BackgroundServer(create_app(backend, MemorySink(), settings)).start()
+        try:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+                hers = await client.get("/v1/openclaw/adapter", headers={"Authorization": f"Bearer {ALICE}"})
+                his = await client.get("/v1/openclaw/adapter", headers={"Authorization": f"Bearer {BOB}"})
+                nobody = await client.get("/v1/openclaw/adapter")
+        finally:
+            server.stop()
+    assert hers.status_code == 200 and hers.headers["x-openclaw-adapter"] == alice
+    assert hers.headers["x-openclaw-policy-version"] == "1"
+    with tarfile.open(fileobj=io.BytesIO(hers.content), mode="r:gz") as tar:
+        assert sorted(tar.getnames()) == ["adapter_config.json", "adapter_model.safetensors"]
+        config = json.loads(tar.extractfile("adapter_config.json").read())  # type: ignore[union-attr]
+        from safetensors.torch import load
+
+        tensors = load(tar.extractfile("adapter_model.safetensors").read())  # type: ignore[union-attr]
+    assert config["r"] == 4 and config["peft_type"] == "LORA"
+    key = next(iter(served.weights))
+    assert torch.equal(tensors[f"base_model.model.{key}.lora_B.weight"], served.weights[key].b)
+    assert his.status_code == 404 and "no trained adapter yet" in his.json()["error"]["message"]
+    assert nobody.status_code == 401

@@ -1,11 +1,7 @@
-"""Operator routes beside the chat APIs: which policy versions can serve, rolling back to one, and the blocking parts
-of ``/v1/openclaw/status``.
+"""Routes beside the chat APIs: which policy versions can serve, rolling back to one, taking one's adapter away, and
+the blocking parts of ``/v1/openclaw/status``.
 
 ``GET /v1/openclaw/versions`` -> ``{"adapter": ..., "current": N, "current_name": ..., "servable": [0, ...]}``.
-
-Both routes act on the caller's own adapter (openclaw_cli.adapters): with ``lora.scope = owner`` a key's owner sees
-and rolls back its adapter's versions only, numbered as its own (an owner can never name, see or switch another
-owner's versions); with one adapter for everyone they act on that one.
 
 ``POST /v1/openclaw/rollback`` with ``{"version": N}`` switches serving to version N at once (requests already
 running finish on the version they started with) and, where the backend can, makes the trainer continue from that
@@ -15,6 +11,14 @@ and previous version; 400 for a body without an integer ``version``; 404 naming 
 unknown or no longer kept (the base 0 and the last ``keep_versions`` published); 501 when the backend cannot switch
 versions. Same API key as every other route.
 
+``GET /v1/openclaw/adapter`` -> the caller's adapter at its current version as a PEFT LoRA adapter, gzipped tar
+(``adapter_config.json``, ``adapter_model.safetensors``): an owner's weights are theirs to take; 404 before its first
+training step, 501 where the backend cannot export.
+
+All three act on the caller's own adapter (openclaw_cli.adapters): with ``lora.scope = owner`` a key's owner sees
+and rolls back its adapter's versions only, numbered as its own (an owner can never name, see or switch another
+owner's versions); with one adapter for everyone they act on that one.
+
 Status sections (the store's counts, the runtime's loop backlog) read SQLite, which can wait on a busy writer: they
 run in a worker thread with a time limit, one read per section at a time, so a slow store makes ``status`` answer
 with an error for that section instead of blocking the event loop that serves replies.
@@ -23,17 +27,21 @@ with an error for that section instead of blocking the event loop that serves re
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from openclaw_cli.adapters import adapter_of
+from openclaw_cli.adapters import ADAPTER_HEADER, adapter_of
 from openclaw_cli.backend import BackendError, supports_version_control
 from openclaw_cli.proxy.errors import ProxyError, from_backend_error
 from openclaw_cli.proxy.respond import request_owner
@@ -44,6 +52,7 @@ log = logging.getLogger("openclaw.proxy.control")
 
 VERSIONS_PATH = "/v1/openclaw/versions"
 ROLLBACK_PATH = "/v1/openclaw/rollback"
+ADAPTER_PATH = "/v1/openclaw/adapter"
 SECTION_TIMEOUT_S = 2.0
 MAX_CONTROL_BODY_BYTES = 4096
 KEEP_ROLLBACKS = 20
@@ -135,7 +144,40 @@ def version_control_routes(app: Starlette) -> list[Route]:
         )
         return JSONResponse({**event, "servable_versions": backend.servable_versions(), "trainer": TRAINER_NOTE})
 
-    return [Route(VERSIONS_PATH, versions, methods=["GET"]), Route(ROLLBACK_PATH, rollback, methods=["POST"])]
+    async def adapter(request: Request) -> Response:
+        state = proxy_state(request)
+        name = caller_adapter(request, state)
+        backend = state.serving(name)
+        export = getattr(backend, "export_adapter", None)
+        if export is None:
+            raise ProxyError(501, f"backend {backend.name!r} cannot export adapter weights", kind="unsupported")
+        with tempfile.TemporaryDirectory(prefix="openclaw-adapter-") as tmp:
+            try:
+                info = await export(Path(tmp) / "adapter")
+            except BackendError as exc:
+                raise from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
+            body = await asyncio.to_thread(_tar_gz, Path(tmp) / "adapter")
+        headers = {
+            "content-disposition": f'attachment; filename="adapter-v{info.version}.tar.gz"',
+            ADAPTER_HEADER: name,
+            "x-openclaw-policy-version": str(info.version),
+        }
+        return Response(body, media_type="application/gzip", headers=headers)
+
+    return [
+        Route(VERSIONS_PATH, versions, methods=["GET"]),
+        Route(ROLLBACK_PATH, rollback, methods=["POST"]),
+        Route(ADAPTER_PATH, adapter, methods=["GET"]),
+    ]
+
+
+def _tar_gz(directory: Path) -> bytes:
+    """``directory``'s files in a gzipped tar, under their own names."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(directory.iterdir()):
+            tar.add(path, arcname=path.name)
+    return buffer.getvalue()
 
 
 def version_status(app: Starlette) -> dict[str, Any] | None:

@@ -391,6 +391,20 @@ class LocalBackend(ServesFromSampler):
             raise BackendError(f"version numbers diverged: vLLM {info.version}, torch side {mirrored.version}")
         return info
 
+    # -- the owner's own weights -----------------------------------------------------------------------------------
+
+    async def export_adapter(self, directory: Path) -> PolicyVersion:
+        """Write this view's adapter at its current version to ``directory`` as a PEFT LoRA adapter (loadable by
+        PEFT and vLLM on the same base model); returns the version written. The base model (version 0: nothing
+        trained yet) is a 404 BackendError."""
+        from openclaw_cli.backends.local.lora_delta import write_peft_adapter
+
+        served = self._require_versions().acquire(None, self._adapter)
+        if not served.weights:
+            raise BackendError("no trained adapter yet: the base model serves (version 0)", status_code=404)
+        await asyncio.to_thread(write_peft_adapter, served.weights, directory, self._require_loaded().path)
+        return served.info
+
     # -- checkpoints --------------------------------------------------------------------------------------------
 
     async def save_state(self, name: str) -> str:

@@ -26,11 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import shutil
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
-from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights
+from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights, write_peft_adapter
 from openclaw_cli.types import OutputConstraint, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
 
-PEFT_PREFIX = "base_model.model."
 # vLLM pre-compiles its LoRA kernels for these ranks; the engine's max_lora_rank must be one of them.
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.45  # the LoRA trainer shares the GPU: leave it most of the rest
@@ -83,49 +81,6 @@ def vllm_max_lora_rank(rank: int) -> int:
         if rank <= allowed:
             return allowed
     raise BackendError(f"LoRA rank {rank} exceeds vLLM's largest supported rank {VLLM_LORA_RANKS[-1]}")
-
-
-def write_peft_adapter(weights: LoraWeights, out_dir: Path, base_model: str | Path) -> Path:
-    """Write ``weights`` as a PEFT LoRA adapter dir (``adapter_config.json`` + ``adapter_model.safetensors``).
-
-    The keys of ``weights`` are module paths in the base model, so each becomes
-    ``base_model.model.<path>.lora_{A,B}.weight``; ``lora_alpha = scaling * r`` so ``alpha / r`` gives back the
-    scaling. One rank and one scaling for every layer (what one LoRA config trains) is required.
-    """
-    from safetensors.torch import save_file
-
-    if not weights:
-        raise BackendError("cannot publish an empty LoRA adapter")
-    ranks = Counter(delta.a.shape[0] for delta in weights.values())
-    scalings = Counter(round(float(delta.scaling), 9) for delta in weights.values())
-    if len(ranks) != 1 or len(scalings) != 1:
-        raise BackendError(
-            f"LoRA layers disagree on rank {sorted(ranks)} or scaling {sorted(scalings)}; one adapter needs one"
-        )
-    rank, scaling = next(iter(ranks)), next(iter(scalings))
-    tensors = {}
-    for key, delta in weights.items():
-        tensors[f"{PEFT_PREFIX}{key}.lora_A.weight"] = delta.a.detach().to("cpu").contiguous()
-        tensors[f"{PEFT_PREFIX}{key}.lora_B.weight"] = delta.b.detach().to("cpu").contiguous()
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base_model),
-        "r": rank,
-        "lora_alpha": scaling * rank,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "use_rslora": False,
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        # Leaf names, the form every PEFT and vLLM version accepts; the saved tensors say which layers.
-        "target_modules": sorted({key.rpartition(".")[2] for key in weights}),
-        "modules_to_save": None,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
 
 
 @dataclass
