@@ -107,3 +107,29 @@ async def test_one_owners_corrections_train_only_their_adapter(
     assert bob not in adapters or adapters[bob]["steps"] == 0
     assert trained and owners == {alice}
     assert (tmp_path / "ckpt" / "adapters" / ("key-" + alice[4:]) / f"step-{STEPS:08d}").is_dir()
+    if backend_name == "local":
+        await _restart_resumes_each_adapter(settings, alice, bob, alice_now, bob_after)
+
+
+async def _restart_resumes_each_adapter(
+    settings: Any, alice: str, bob: str, alice_before: list[Any], bob_before: list[Any]
+) -> None:
+    """A new launch on the same store and checkpoints: alice's adapter resumes from its own checkpoint and serves
+    the same replies at the same version; bob is still served by the base."""
+    stop = asyncio.Event()
+    ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        launch(settings, ui=False, stop=stop, judge_client=ScriptedJudge(), on_ready=ready.set_result)
+    )
+    try:
+        runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
+        adapters = {row["adapter"]: row for row in runtime.trainer.adapters()}
+        alice_again = await _plain_replies(
+            openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
+        )
+        bob_again = await _plain_replies(openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=BOB, max_retries=0))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=60)
+    assert adapters[alice]["version"] == STEPS and adapters[alice]["steps"] == STEPS
+    assert alice_again == alice_before and bob_again == bob_before
