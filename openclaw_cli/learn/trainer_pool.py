@@ -10,11 +10,10 @@ adapter's loop is always there.
 loops take turns: each round goes through the adapters in order of their last step, the one that stepped longest ago
 first, and the first whose batch is full takes one step; then the round starts over. An owner with a long backlog
 therefore steps once and goes to the back of the line behind every other owner with a full batch: nobody starves,
-and an owner alone on the server trains as fast as the shared loop would. An owner with nothing to train is asked
-less and less often when there are many (every :data:`MAX_IDLE_S` seconds at most, so a judged turn of theirs waits
-that long at worst; with a few adapters every round, as one shared loop always was), and
-an owner the server has never seen costs nothing: a loop is made for an adapter the first time a turn it served shows
-up in the store.
+and an owner alone on the server trains as fast as the shared loop would. When there are many adapters, one with
+nothing to train is asked less and less often (every :data:`MAX_IDLE_S` seconds at most, so a judged turn of theirs
+waits that long at worst); a few are asked every round, as one shared loop always was. An owner the server has never
+seen costs nothing: a loop is made for an adapter the first time a turn it served shows up in the store.
 """
 
 from __future__ import annotations
@@ -73,7 +72,6 @@ class TrainerPool:
         self._seen_turn = 0  # turn ids up to this one were looked at for new adapters
         self._idle_s: dict[str, float] = {}  # how long an adapter that found nothing waits before it is asked again
         self._idle_until: dict[str, float] = {}
-        self._resumed = False
 
     # -- each adapter publishes through its own gate -----------------------------------------------------------------
 
@@ -146,7 +144,6 @@ class TrainerPool:
         for adapter, *_ in await asyncio.to_thread(self.store.adapter_summaries):
             if adapter != SHARED_ADAPTER:
                 await self._loop_for(adapter)
-        self._resumed = True
         return resumed
 
     async def run(self, stop: asyncio.Event) -> None:
