@@ -4,12 +4,14 @@ adapters, against the same 4 requests on one adapter, in one run.
     python bench/mixed_adapters.py [--model smollm2|tiny|PATH] [--tokens 64] [--rounds 5]
 
 The local sampler decodes every running request in one forward pass, a row per request, each row on the LoRA deltas
-of the version it pinned (``PolicyVersions.activate_rows``: every row's A and B stacked, once per change of the
-batch's rows, and one batched matrix product per LoRA layer; the base weights run once for the whole batch). An
+of the version it pinned (``PolicyVersions.activate_rows``: the distinct versions' A side by side along the rank
+and their B likewise, built once per set of versions; one product through all the A, a row mask keeping each row's
+own slice, one product through all the B; the base weights run once for the whole batch). An
 adapter per owner (``lora.scope = owner``) is served the same way, and two published versions with different weights
 stand in for two owners' adapters here:
 
-- one adapter: 4 concurrent requests all pinned to version 2;
+- one adapter: 4 concurrent requests all pinned to version 1, and all pinned to version 2 (the mean of the two: a
+  version's replies may end sooner, leaving fewer rows in the batch);
 - two adapters: the same 4 requests, 2 pinned to version 1 and 2 to version 2 (weights one training step apart).
 
 Every request asks for ``--tokens`` new tokens at temperature 0 from prompts that make the model talk; a reply that
@@ -73,17 +75,23 @@ async def main_async(args: argparse.Namespace) -> int:
         backend = LocalBackend(build_settings(args.model, Path(tmp)))
         await backend.start()
         first, second = await publish_two_versions(backend)
-        one = [second] * 4
         two = [first, second, first, second]
-        await tokens_per_second(backend, one, 8)  # warm-up
+        await tokens_per_second(backend, two, 8)  # warm-up
         ratios, singles, mixed = [], [], []
         for round_ in range(args.rounds):
-            single = await tokens_per_second(backend, one, args.tokens)
+            # Each adapter alone on the same 4 prompts, and the mix: a version's replies may end sooner than the
+            # other's (fewer rows left in the batch), so the mix is compared with the mean of the two alone.
+            alone = [await tokens_per_second(backend, [pin] * 4, args.tokens) for pin in (first, second)]
+            single = statistics.mean(alone)
             both = await tokens_per_second(backend, two, args.tokens)
             singles.append(single)
             mixed.append(both)
             ratios.append(both / single)
-            print(f"round {round_}: one adapter {single:6.1f} tok/s, two adapters {both:6.1f} tok/s", flush=True)
+            print(
+                f"round {round_}: one adapter {single:6.1f} tok/s ({alone[0]:.1f} / {alone[1]:.1f}), two adapters "
+                f"{both:6.1f} tok/s",
+                flush=True,
+            )
     ratio = statistics.median(ratios)
     print(
         f"4 concurrent requests, {args.tokens} tokens each, transformers sampler ({args.model}): one adapter "

@@ -216,20 +216,25 @@ async def test_two_owners_decode_in_one_batch_each_on_their_adapter(tiny_model_d
         prompt = user_prompt(backend)
         await _step(a, prompt, 1.0)
         await a.publish()
+        await _step(b, prompt, -1.0)
+        await b.publish()
+        base = backend.adapter("key:00000000000000cc")  # a third owner, still on the base model
         params = SamplingParams(max_tokens=8, temperature=0.0)
-        alone_a, alone_b = await a.sample(prompt, params), await b.sample(prompt, params)
+        views = (a, b, base)
+        alone = [await view.sample(prompt, params) for view in views]
         from openclaw_cli.backends.local import serving
 
-        stacked: list[int] = []
-        original = serving.stack_rows
-        serving.stack_rows = lambda rows, keys: stacked.append(len(rows)) or original(rows, keys)  # type: ignore[assignment]
+        concatenated: list[int] = []
+        original = serving.concat_versions
+        serving.concat_versions = lambda versions, keys: concatenated.append(len(versions)) or original(versions, keys)  # type: ignore[assignment]
         try:
-            together = await asyncio.gather(a.sample(prompt, params), b.sample(prompt, params))
+            together = await asyncio.gather(*(view.sample(prompt, params) for view in views))
         finally:
-            serving.stack_rows = original
-        assert stacked == [2]  # one batch of the two rows, stacked once for all its decode steps
-        assert [r.tokens for r in together] == [alone_a.tokens, alone_b.tokens]
-        for got, want in zip(together, (alone_a, alone_b), strict=True):
+            serving.concat_versions = original
+        assert concatenated == [2]  # one batch: the two adapters' deltas side by side once, for all its decode steps
+        assert [r.tokens for r in together] == [r.tokens for r in alone]
+        assert len({tuple(r.tokens) for r in alone}) > 1  # the adapters answer differently, so rows were told apart
+        for got, want in zip(together, alone, strict=True):
             assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
 
 

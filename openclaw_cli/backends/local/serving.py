@@ -71,19 +71,19 @@ class VersionedLoraLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = F.linear(x, self.weight, self.bias)
-        active: ServedVersion | RowStacks | None = getattr(self._active, "served", None)
+        active: ServedVersion | MixedRows | None = getattr(self._active, "served", None)
         if active is None:
             return result
         if isinstance(active, ServedVersion):
             delta = active.weights.get(self.key)
             return result if delta is None else _add_delta(result, x, delta)
-        # A batch whose rows (dim 0) run on different versions: every row through its own A and B in one batched
-        # matrix product (rows on the base model have zeros there).
-        stacked = active.layers.get(self.key)
-        if stacked is None:
+        # A batch whose rows (dim 0) run on different versions: every row through all the versions' A at once (one
+        # product), its own version's slice kept by the row mask, then through all the B at once (one product).
+        layer = active.mixed.layers.get(self.key)
+        if layer is None:
             return result
-        a_t, b_t = stacked
-        lora = torch.bmm(torch.bmm(x.to(a_t.dtype), a_t), b_t)
+        a_t, b_t, spans = layer
+        lora = ((x.to(a_t.dtype) @ a_t) * active.masks[spans]) @ b_t
         return (result + lora).to(result.dtype)
 
 
@@ -94,34 +94,57 @@ def _add_delta(result: torch.Tensor, x: torch.Tensor, delta: LoraDelta) -> torch
 
 
 @dataclass(frozen=True)
-class RowStacks:
-    """The LoRA deltas of a batch whose rows run on different versions, stacked per layer: row i's A transposed
-    (rows, in, r) and B transposed with the scaling folded in (rows, r, out); zeros for a row on the base model.
-    A batched product then costs about what one adapter's delta does (grouping the rows by version and gathering
-    them cost 1.8x a one-adapter layer on CPU, measured on SmolLM2's layer shapes)."""
+class MixedVersions:
+    """The LoRA deltas of the distinct versions in a batch whose rows run on different versions, side by side per
+    layer: every version's A transposed, concatenated along the rank, ``(in, r1 + r2 + ...)``, and B transposed with
+    its scaling folded in, ``(r1 + r2 + ..., out)``; ``spans[i]`` is version i's slice of that rank axis."""
 
-    rows: tuple[ServedVersion, ...]
-    layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    versions: tuple[ServedVersion, ...]
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]]]
 
 
-def stack_rows(rows: tuple[ServedVersion, ...], layer_keys: list[str]) -> RowStacks:
-    """The :class:`RowStacks` of ``rows`` (see there); layers no row adapts are left out."""
-    layers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+def concat_versions(versions: tuple[ServedVersion, ...], layer_keys: list[str]) -> MixedVersions:
+    """The :class:`MixedVersions` of ``versions`` (each with weights); layers none of them adapts are left out."""
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]]] = {}
     for key in layer_keys:
-        deltas = [served.weights.get(key) for served in rows]
-        known = next((d for d in deltas if d is not None), None)
-        if known is None:
+        deltas = [served.weights.get(key) for served in versions]
+        known = [d for d in deltas if d is not None]
+        if not known:
             continue
-        rank = max(d.a.shape[0] for d in deltas if d is not None)
-        a_t = known.a.new_zeros(len(rows), known.a.shape[1], rank)
-        b_t = known.b.new_zeros(len(rows), rank, known.b.shape[0])
-        for i, delta in enumerate(deltas):
-            if delta is not None:
-                r = delta.a.shape[0]
-                a_t[i, :, :r] = delta.a.t()
-                b_t[i, :r, :] = delta.b.t() * delta.scaling
-        layers[key] = (a_t, b_t)
-    return RowStacks(rows, layers)
+        spans, start = [], 0
+        for delta in deltas:
+            rank = 0 if delta is None else delta.a.shape[0]
+            spans.append((start, start + rank))
+            start += rank
+        a_t = torch.cat([d.a.t() for d in known], dim=1).contiguous()
+        b_t = torch.cat([d.b.t() * d.scaling for d in known], dim=0).contiguous()
+        layers[key] = (a_t, b_t, tuple(spans))
+    return MixedVersions(versions, layers)
+
+
+@dataclass(frozen=True)
+class MixedRows:
+    """What the LoRA layers read for one mixed batch: the versions' concatenated deltas, and per rank layout a row
+    mask ``(rows, 1, total rank)`` that keeps each row's own version's slice (all zeros for a row on the base)."""
+
+    mixed: MixedVersions
+    masks: dict[tuple[tuple[int, int], ...], torch.Tensor]
+
+
+def row_masks(mixed: MixedVersions, rows: list[ServedVersion]) -> dict[tuple[tuple[int, int], ...], torch.Tensor]:
+    """One mask per distinct rank layout of ``mixed``'s layers (one, when every layer has the same ranks)."""
+    index = {id(served): i for i, served in enumerate(mixed.versions)}
+    masks: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
+    for a_t, _, spans in mixed.layers.values():
+        if spans in masks:
+            continue
+        mask = a_t.new_zeros(len(rows), 1, spans[-1][1])
+        for i, served in enumerate(rows):
+            j = index.get(id(served))
+            if j is not None:
+                mask[i, 0, spans[j][0] : spans[j][1]] = 1.0
+        masks[spans] = mask
+    return masks
 
 
 def matches_target(module_name: str, targets: list[str]) -> bool:
@@ -215,8 +238,9 @@ class PolicyVersions:
         self._lock = threading.Lock()
         self._base = ServedVersion(PolicyVersion(BASE_VERSION, "base"))
         self._lines: dict[str, _AdapterLine] = {}
-        # The last mixed batch's stacked deltas: decode steps repeat the same rows until one joins or leaves.
-        self._row_stacks: RowStacks | None = None
+        # The last mixed batch's versions side by side: decode steps repeat the same versions until a request on
+        # another one joins (rows joining or leaving only change the row masks).
+        self._mixed: MixedVersions | None = None
 
     @property
     def layer_keys(self) -> list[str]:
@@ -393,16 +417,15 @@ class PolicyVersions:
             with self.activate(rows[0]):
                 yield
             return
-        key = tuple(rows)
-        stacks = self._row_stacks
-        if (
-            stacks is None
-            or len(stacks.rows) != len(key)
-            or any(a is not b for a, b in zip(stacks.rows, key, strict=True))
-        ):
-            stacks = self._row_stacks = stack_rows(key, list(self._layers))
+        distinct = tuple({id(served): served for served in rows if served.weights}.values())
+        mixed = self._mixed
+        # A batch whose requests end one by one keeps the deltas it has (the masks leave out the versions no row
+        # uses any more), unless that would compute more than one unused version.
+        cached = {id(served) for served in mixed.versions} if mixed is not None else set()
+        if mixed is None or not {id(s) for s in distinct} <= cached or len(cached) > len(distinct) + 1:
+            mixed = self._mixed = concat_versions(distinct, list(self._layers))
         previous = getattr(self._active, "served", None)
-        self._active.served = stacks if stacks.layers else None
+        self._active.served = MixedRows(mixed, row_masks(mixed, rows)) if mixed.layers else None
         try:
             yield
         finally:
