@@ -19,6 +19,7 @@ from lesson_helpers import (
     served_exchange,
 )
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.capture.sessions import SessionCapture
 from openclaw_cli.learn.lesson_checks import PromptTrial, decide
 from openclaw_cli.learn.lesson_story import explain_entry
@@ -31,7 +32,8 @@ SHORT_ANYWAY = "(short) What is 2 + 2?"  # the scripted policy answers it SHORT,
 def parts(tmp_path: Path, tiny_tokenizer: Any) -> Any:
     for found in keeper_with_policy(tmp_path, tiny_tokenizer):
         _, _, policy, keeper = found
-        keeper._checked_version = policy.current_version().version  # run_once finds and verifies; tests check retiring
+        # run_once finds and verifies; the tests call the retirement checks themselves
+        keeper._checked_versions = {SHARED_ADAPTER: policy.current_version().version}
         yield found
 
 

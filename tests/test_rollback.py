@@ -165,6 +165,7 @@ def test_rollback_route_switches_serving_and_reports_errors_in_openai_format(pro
     backend, url = proxy()
     asyncio.run(publish_versions(backend, 3))
     assert httpx.get(url + "/v1/openclaw/versions").json() == {
+        "adapter": "shared",
         "current": 3,
         "current_name": "fake-v3",
         "servable": [0, 1, 2, 3],
