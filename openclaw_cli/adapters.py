@@ -72,7 +72,9 @@ def consumer_adapter(consumer: str) -> str | None:
     return consumer[len(prefix) :] if consumer.startswith(prefix) else None
 
 
-def adapter_state_dir(state_dir: Path, adapter: str) -> Path:
-    """Where ``adapter``'s checkpoints live: ``state_dir`` itself for the shared adapter (as before adapters were
-    per owner, so an existing checkpoint directory is the shared adapter's), ``state_dir/adapters/<name>`` else."""
+def adapter_state_dir(settings: Settings, adapter: str) -> Path:
+    """Where ``adapter``'s checkpoints live: ``local.state_dir`` itself for the shared adapter (as before adapters
+    were per owner, so an existing checkpoint directory is the shared adapter's), ``local.state_dir/adapters/<name>``
+    else; resolved to an absolute path."""
+    state_dir = Path(settings.local.state_dir).expanduser().resolve()
     return state_dir if adapter == SHARED_ADAPTER else state_dir / "adapters" / adapter_dirname(adapter)

@@ -526,7 +526,7 @@ class TinkerShapedBackend:
         """
         if not _STATE_NAME.match(name):
             raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
-        target = adapter_state_dir(Path(self.settings.local.state_dir).expanduser().resolve(), self._adapter) / name
+        target = adapter_state_dir(self.settings, self._adapter) / name
         async with self._train_lock:
             current = self._require_current().info
             service_path: str | None = None

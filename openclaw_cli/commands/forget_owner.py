@@ -15,7 +15,6 @@ copies outside this store (``openclaw export`` files, experiment-tracker runs, b
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -69,7 +68,7 @@ def forget_owner_command(
         store.close()
     removed = False
     if own_adapter:
-        directory = adapter_state_dir(Path(settings.local.state_dir).expanduser().resolve(), adapter)
+        directory = adapter_state_dir(settings, adapter)
         removed = directory.is_dir()
         shutil.rmtree(directory, ignore_errors=True)
     typer.echo(

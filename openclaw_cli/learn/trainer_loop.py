@@ -196,7 +196,7 @@ class TrainerLoop:
 
     @property
     def state_dir(self) -> Path:
-        return adapter_state_dir(Path(self.settings.local.state_dir).expanduser().resolve(), self.adapter)
+        return adapter_state_dir(self.settings, self.adapter)
 
     async def waiting(self) -> int:
         """Judged turns this trainer has not finished and will still train: written by a policy version within

@@ -141,7 +141,7 @@ class TrainerPool:
         """Resume the shared loop and every adapter that ever took a step (see TrainerLoop.resume). Returns the
         shared loop's checkpoint step."""
         resumed = await self.shared.resume()
-        for adapter, *_ in await asyncio.to_thread(self.store.adapter_summaries):
+        for adapter in await asyncio.to_thread(self.store.trained_adapters):
             if adapter != SHARED_ADAPTER:
                 await self._loop_for(adapter)
         return resumed

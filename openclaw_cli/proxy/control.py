@@ -1,5 +1,5 @@
-"""Routes beside the chat APIs: which policy versions can serve, rolling back to one, taking one's adapter away, and
-the blocking parts of ``/v1/openclaw/status``.
+"""Routes beside the chat APIs: which policy versions can serve, rolling back to one, handing callers their adapter,
+and the blocking parts of ``/v1/openclaw/status``.
 
 ``GET /v1/openclaw/versions`` -> ``{"adapter": ..., "current": N, "current_name": ..., "servable": [0, ...]}``.
 
@@ -62,10 +62,10 @@ TRAINER_NOTE = (
 )
 
 
-def _require_version_control(state: ProxyState, request: Request) -> Any:
-    """The caller's adapter's versions (``lora.scope = owner``: the adapter of the caller's key or session, never
-    another's; else the one shared adapter)."""
-    backend = state.serving(caller_adapter(request, state))
+def _require_version_control(state: ProxyState, adapter: str) -> Any:
+    """The backend as the caller's ``adapter`` sees it (``lora.scope = owner``: the adapter of the caller's key or
+    session, never another's; else the one shared adapter), for its versions."""
+    backend = state.serving(adapter)
     if not supports_version_control(backend):
         raise ProxyError(
             501,
@@ -95,11 +95,12 @@ def version_control_routes(app: Starlette) -> list[Route]:
 
     async def versions(request: Request) -> JSONResponse:
         state = proxy_state(request)
-        backend = _require_version_control(state, request)
+        adapter = caller_adapter(request, state)
+        backend = _require_version_control(state, adapter)
         current = backend.current_version()
         return JSONResponse(
             {
-                "adapter": caller_adapter(request, state),
+                "adapter": adapter,
                 "current": current.version,
                 "current_name": current.name,
                 "servable": backend.servable_versions(),
@@ -108,8 +109,8 @@ def version_control_routes(app: Starlette) -> list[Route]:
 
     async def rollback(request: Request) -> JSONResponse:
         state = proxy_state(request)
-        backend = _require_version_control(state, request)
         adapter = caller_adapter(request, state)
+        backend = _require_version_control(state, adapter)
         version = _version_from(await read_json_body(request, MAX_CONTROL_BODY_BYTES))
         async with lock:
             servable = backend.servable_versions()

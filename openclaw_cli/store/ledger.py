@@ -116,11 +116,6 @@ class StepLedger(HandoffQueue):
         )
         return [(s, v, t, json.loads(m)) for s, v, t, m in rows]
 
-    def adapter_summaries(self) -> list[tuple[str, int, int | None, float]]:
-        """(adapter, last step, its version, when) of every adapter that has taken a step, the latest first."""
-        rows = self._read(
-            "SELECT s.adapter, s.step, s.version, s.created_at FROM steps s "
-            "JOIN (SELECT adapter, MAX(step) AS step FROM steps GROUP BY adapter) last "
-            "ON last.adapter = s.adapter AND last.step = s.step ORDER BY s.created_at DESC"
-        )
-        return [(a, int(s), v, float(t)) for a, s, v, t in rows]
+    def trained_adapters(self) -> list[str]:
+        """Every adapter that has taken a step (the ones a restart resumes)."""
+        return [row[0] for row in self._read("SELECT DISTINCT adapter FROM steps ORDER BY adapter")]

@@ -136,10 +136,6 @@ class LocalBackend(ServesFromSampler):
             self._views[name] = view
         return view
 
-    @property
-    def adapter_name(self) -> str:
-        return self._adapter
-
     async def _hold(self) -> LoraTrainer:
         """The trainer, holding this view's adapter (call under the training lock)."""
         trainer = self._require_trainer()
@@ -164,7 +160,7 @@ class LocalBackend(ServesFromSampler):
                 return
             kind = _sampler_for(self.settings)
             keep_large_allocations_mapped()  # before the model's tensors exist (see heap.py)
-            loaded, trainer, versions, torch_sampler = await asyncio.to_thread(self._build)
+            loaded, trainer, states, versions, torch_sampler = await asyncio.to_thread(self._build)
             if kind == "vllm":
                 from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
 
@@ -177,19 +173,12 @@ class LocalBackend(ServesFromSampler):
                     shutil.rmtree(self._vllm_adapters, ignore_errors=True)
                     raise
                 self._vllm = vllm
-            self._loaded, self._trainer, self._versions = loaded, trainer, versions
-            from openclaw_cli.backends.local.adapter_states import AdapterStates
-
-            state_dir = Path(self.settings.local.state_dir).expanduser().resolve()
-            self._states = AdapterStates(
-                trainer,
-                resident=self.settings.lora.resident_adapters,
-                directory_of=lambda adapter: adapter_state_dir(state_dir, adapter),
-            )
+            self._loaded, self._trainer, self._versions, self._states = loaded, trainer, versions, states
             self._torch_sampler = torch_sampler
             self.sampler_kind = kind
 
-    def _build(self) -> tuple[LoadedModel, LoraTrainer, PolicyVersions, TransformersSampler]:
+    def _build(self) -> tuple[LoadedModel, LoraTrainer, AdapterStates, PolicyVersions, TransformersSampler]:
+        from openclaw_cli.backends.local.adapter_states import AdapterStates
         from openclaw_cli.backends.local.model_loading import load_model
         from openclaw_cli.backends.local.sampler import TransformersSampler
         from openclaw_cli.backends.local.serving import PolicyVersions
@@ -202,13 +191,19 @@ class LocalBackend(ServesFromSampler):
             trainer = LoraTrainer(loaded.model, settings.lora, seed=settings.local.seed, every_position=False)
         except ValueError as exc:  # e.g. no LoRA target matches this model's layers
             raise BackendError(f"cannot set up LoRA training on {loaded.path}: {exc}") from exc
-        state_dir = Path(settings.local.state_dir).expanduser().resolve()
+
+        # Owners' adapters past lora.resident_adapters wait in files in their own directories, for training and
+        # for serving alike.
+        def directory_of(adapter: str) -> Path:
+            return adapter_state_dir(settings, adapter)
+
+        states = AdapterStates(trainer, resident=settings.lora.resident_adapters, directory_of=directory_of)
         versions = PolicyVersions(
             loaded.model,
             settings.lora.targets,
             keep=settings.local.keep_versions,
             resident=settings.lora.resident_adapters,
-            spill_dir=lambda adapter: adapter_state_dir(state_dir, adapter),
+            spill_dir=directory_of,
         )
         sampler = TransformersSampler(
             loaded.model,
@@ -218,7 +213,7 @@ class LocalBackend(ServesFromSampler):
             decode_threads=settings.local.decode_threads,
             context_length=loaded.tokenizer.context_length,
         )
-        return loaded, trainer, versions, sampler
+        return loaded, trainer, states, versions, sampler
 
     async def close(self) -> None:
         if self._vllm is not None:
@@ -418,8 +413,7 @@ class LocalBackend(ServesFromSampler):
         if not _STATE_NAME.match(name):
             raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
         versions = self._require_versions()
-        state_dir = Path(self.settings.local.state_dir).expanduser().resolve()
-        target = adapter_state_dir(state_dir, self._adapter) / name
+        target = adapter_state_dir(self.settings, self._adapter) / name
         async with self._train_lock:
             trainer = await self._hold()
             current = versions.current(self._adapter)

@@ -52,14 +52,6 @@ class AdapterStates:
         self.holding = adapter
         self._spill()
 
-    def forget(self, adapter: str) -> None:
-        """Drop ``adapter``'s trainer state (forgetting an owner); the trainer starts it fresh if it comes back."""
-        self._parked.pop(adapter, None)
-        spilled = self._directory_of(adapter) / PARKED_FILE
-        spilled.unlink(missing_ok=True)
-        if self.holding == adapter:
-            self._trainer.unpark(_copy(self._fresh))
-
     @property
     def in_memory(self) -> int:
         """Adapters whose trainer state is in memory (the one held included)."""

@@ -617,7 +617,7 @@ class TransformersSampler:
             for i, row in enumerate(rows):
                 mask[i, : row.pad] = 0
             kwargs["attention_mask"] = mask
-        with self._versions.activate_rows([r.served for r in rows], self._device):
+        with self._versions.activate_rows([r.served for r in rows]):
             out = self._model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **kwargs)
         finished = [i for i, row in enumerate(rows) if self._accept(row, out.logits[i, -1])]
         if finished:

@@ -129,6 +129,7 @@ class MixedRows:
 
     mixed: MixedVersions
     masks: dict[tuple[tuple[int, int], ...], torch.Tensor]
+    row_ids: tuple[int, ...]  # which version object each row pinned (identity), what the masks were built for
 
 
 def row_masks(mixed: MixedVersions, rows: list[ServedVersion]) -> dict[tuple[tuple[int, int], ...], torch.Tensor]:
@@ -241,6 +242,7 @@ class PolicyVersions:
         # The last mixed batch's versions side by side: decode steps repeat the same versions until a request on
         # another one joins (rows joining or leaving only change the row masks).
         self._mixed: MixedVersions | None = None
+        self._mixed_rows: MixedRows | None = None  # ... and the row masks of the batch's rows
 
     @property
     def layer_keys(self) -> list[str]:
@@ -312,11 +314,6 @@ class PolicyVersions:
         with self._lock:
             return len(self._recent)
 
-    def adapters(self) -> list[str]:
-        """Adapters that have published a version."""
-        with self._lock:
-            return [name for name, line in self._lines.items() if line.latest_number > BASE_VERSION]
-
     def current(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
         with self._lock:
             return self._line(adapter, load=False).current_version()
@@ -366,14 +363,6 @@ class PolicyVersions:
             self._line(adapter).current = served
         return served.info
 
-    def forget(self, adapter: str) -> None:
-        """Drop every version of ``adapter`` (forgetting an owner); requests still running keep theirs to the end."""
-        with self._lock:
-            line = self._lines.pop(adapter, None)
-            self._recent.pop(adapter, None)
-            if line is not None and line.spilled is not None:
-                line.spilled.unlink(missing_ok=True)
-
     def _evict(self, line: _AdapterLine) -> None:
         """Keep at most ``keep`` published versions, oldest out first, but never the current one (after a rollback
         or with staged versions the current one need not be the newest). Call with the lock held."""
@@ -410,7 +399,7 @@ class PolicyVersions:
             self._active.served = previous
 
     @contextmanager
-    def activate_rows(self, rows: list[ServedVersion], device: torch.device) -> Iterator[None]:
+    def activate_rows(self, rows: list[ServedVersion]) -> Iterator[None]:
         """Route batch row ``i`` (dim 0 of every input) to ``rows[i]`` for code on this thread inside the block,
         so requests on different versions decode in one forward pass."""
         if all(served is rows[0] for served in rows):
@@ -424,8 +413,13 @@ class PolicyVersions:
         cached = {id(served) for served in mixed.versions} if mixed is not None else set()
         if mixed is None or not {id(s) for s in distinct} <= cached or len(cached) > len(distinct) + 1:
             mixed = self._mixed = concat_versions(distinct, list(self._layers))
+        # The masks change only when a row joins or leaves: every other decode step reuses them.
+        row_ids = tuple(id(served) for served in rows)
+        active = self._mixed_rows
+        if active is None or active.mixed is not mixed or active.row_ids != row_ids:
+            active = self._mixed_rows = MixedRows(mixed, row_masks(mixed, rows), row_ids)
         previous = getattr(self._active, "served", None)
-        self._active.served = MixedRows(mixed, row_masks(mixed, rows)) if mixed.layers else None
+        self._active.served = active if mixed.layers else None
         try:
             yield
         finally:
