@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSe
 from openclaw_cli.testing.fake_backend import MemorySink
 from openclaw_cli.testing.local_servers import free_port
 
-__all__ = ["became_true", "free_port", "local_proxy_server", "runtime_settings"]
+__all__ = ["became_true", "free_port", "launched", "local_proxy_server", "runtime_settings"]
 
 
 def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Settings:
@@ -30,6 +30,22 @@ def runtime_settings(model_dir: Path, tmp_path: Path, **overrides: Any) -> Setti
         proxy={"accept_any_model": True},
         **overrides,
     )
+
+
+@asynccontextmanager
+async def launched(settings: Settings, **options: Any) -> AsyncIterator[Any]:
+    """`openclaw launch`'s runtime on ``settings`` (``options``: launch's keywords, e.g. ``judge_client``,
+    ``backend``), once it serves; stopped, and awaited, when the block ends."""
+    from openclaw_cli.launch import launch
+
+    stop = asyncio.Event()
+    ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(launch(settings, ui=False, stop=stop, on_ready=ready.set_result, **options))
+    try:
+        yield await asyncio.wait_for(asyncio.shield(ready), timeout=60)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=60)
 
 
 def became_true(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:

@@ -77,7 +77,8 @@ def test_bad_groups_are_refused_without_echoing_a_key(groups: dict[str, list[str
 
 
 def test_adapter_directories_never_hold_a_client_string_raw(tmp_path: Path) -> None:
-    assert adapter_state_dir(tmp_path, SHARED_ADAPTER) == tmp_path  # an existing checkpoint dir is the shared one
+    in_tmp = Settings(local=LocalSettings(state_dir=tmp_path))
+    assert adapter_state_dir(in_tmp, SHARED_ADAPTER) == tmp_path.resolve()  # an existing checkpoint dir: the shared
     assert adapter_dirname(key_owner(ALICE)) == "key-" + key_owner(ALICE)[4:]
     assert adapter_dirname("team") == "group-team"
     odd = adapter_dirname("session:../../etc/passwd")
@@ -247,7 +248,11 @@ async def test_a_checkpoint_is_its_adapters_own(tiny_model_dir: Path, tmp_path: 
         await _step(a, prompt, 1.0)
         await a.publish()
         path = await a.save_state("step-00000001")
-        assert Path(path).parent == adapter_state_dir(tmp_path.joinpath("ckpt").resolve(), alice)
+        assert (
+            Path(path).parent
+            == adapter_state_dir(settings, alice)
+            == (tmp_path / "ckpt").resolve() / "adapters" / ("key-" + alice[4:])
+        )
         served = await _greedy(a, prompt)
         with pytest.raises(BackendError, match="not shared's"):
             await backend.load_state(path)
@@ -476,7 +481,7 @@ def test_forget_owner_erases_their_turns_lessons_and_adapter(tmp_path: Path) -> 
         store.add_lesson(alice, "Answer in one short sentence.", origin="user", status="active", why="test")
         store.commit_step(1, 1, {}, trainer_consumer(alice), {t: {} for t in hers}, adapter=alice)
         store.record_checkpoint(1, "x", adapter=alice)
-    adapter_dir = adapter_state_dir((tmp_path / "ckpt").resolve(), alice) / "step-00000001"
+    adapter_dir = adapter_state_dir(Settings(local=LocalSettings(state_dir=tmp_path / "ckpt")), alice) / "step-00000001"
     adapter_dir.mkdir(parents=True)
     exported = CliRunner().invoke(app, ["--config", str(config), "export", "--owner", alice])
     assert exported.exit_code == 0 and len(exported.output.splitlines()) == len(hers)

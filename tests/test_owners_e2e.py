@@ -6,6 +6,7 @@ his. The scenario (the behaviour, the scripted judge, the learnable model) is te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,9 @@ import httpx
 import openai
 import pytest
 from e2e_scenario import MAX_TOKENS, QUESTIONS, SESSIONS_PER_STEP, ScriptedJudge, converse, e2e_settings
-from runtime_helpers import free_port
+from runtime_helpers import free_port, launched
 
-from openclaw_cli.launch import Runtime, launch
 from openclaw_cli.lesson_prompt import key_owner
-from openclaw_cli.testing.tinker_double import TinkerDouble
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,57 +48,47 @@ async def test_one_owners_corrections_train_only_their_adapter(
     settings = e2e_settings(
         learnable_model_dir, tmp_path, free_port(), backend=backend_name, api_keys=[ALICE, BOB], tinker={"api_key": "k"}
     )
-    backend = None
-    double: Any = None
-    if backend_name == "tinker":  # the Tinker backend, unchanged, against its SDK double (tests/test_e2e_tinker.py)
-        from e2e_scenario import LORA_ALPHA
-
-        from openclaw_cli.backends.tinker import TinkerBackend
-
-        double = TinkerDouble(learnable_model_dir, lora_alpha=LORA_ALPHA, seed=0)
-        backend = TinkerBackend(settings, service_client_factory=double.service_client)
-    if backend_name == "fireworks":  # step-wise mode over loopback HTTP to its double (tests/test_e2e_fireworks.py)
-        from openclaw_cli.settings import FireworksSettings
-        from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
-
-        model = "accounts/fireworks/models/tiny-learnable"
-        double = FireworksTrainingDouble(learnable_model_dir, base_model=model).__enter__()
-        update = FireworksSettings(mode="stepwise", api_key=double.api_key, base_url=double.url, base_model=model)
-        settings = settings.model_copy(update={"fireworks": update})
     alice, bob = key_owner(ALICE), key_owner(BOB)
-    stop = asyncio.Event()
-    ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-    judge = ScriptedJudge()
-    task = asyncio.create_task(
-        launch(settings, ui=False, stop=stop, judge_client=judge, on_ready=ready.set_result, backend=backend)
-    )
-    try:
-        runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
-        as_alice = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
-        as_bob = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=BOB, max_retries=0)
-        bob_before = await _plain_replies(as_bob)
-        headers = {"Authorization": f"Bearer {ALICE}"}
-        async with httpx.AsyncClient(base_url=runtime.url, headers=headers) as http:
-            for step in range(1, STEPS + 1):
-                for s in range(SESSIONS_PER_STEP):
-                    await converse(as_alice, http, f"alice-{step}-{s}", seed=step * 10 + s)
-                deadline = asyncio.get_running_loop().time() + 60
-                while len(runtime.store.steps(adapter=alice)) < step:
-                    assert asyncio.get_running_loop().time() < deadline, runtime.trainer.stats
-                    await asyncio.sleep(0.05)
-        bob_after = await _plain_replies(as_bob)
-        alice_now = await _plain_replies(as_alice)
-        adapters = {row["adapter"]: row for row in runtime.trainer.adapters()}
-        alice_steps = runtime.store.steps(adapter=alice)
-        trained = [t for *_, metrics in alice_steps for t in metrics.get("trained_turn_ids", [])]
-        owners = {runtime.store.turn_owner(turn_id) for turn_id in trained}
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=60)
-        if isinstance(double, TinkerDouble):
-            double.close()
-        elif double is not None:
-            double.__exit__(None, None, None)
+    with contextlib.ExitStack() as doubles:
+        backend = None
+        if backend_name == "tinker":  # the Tinker backend, unchanged, against its SDK double (tests/test_e2e_tinker.py)
+            from e2e_scenario import LORA_ALPHA
+
+            from openclaw_cli.backends.tinker import TinkerBackend
+            from openclaw_cli.testing.tinker_double import TinkerDouble
+
+            tinker = TinkerDouble(learnable_model_dir, lora_alpha=LORA_ALPHA, seed=0)
+            doubles.callback(tinker.close)
+            backend = TinkerBackend(settings, service_client_factory=tinker.service_client)
+        if backend_name == "fireworks":  # step-wise mode over loopback HTTP to its double (tests/test_e2e_fireworks.py)
+            from openclaw_cli.settings import FireworksSettings
+            from openclaw_cli.testing.fireworks_training_double import FireworksTrainingDouble
+
+            model = "accounts/fireworks/models/tiny-learnable"
+            fireworks = doubles.enter_context(FireworksTrainingDouble(learnable_model_dir, base_model=model))
+            update = FireworksSettings(
+                mode="stepwise", api_key=fireworks.api_key, base_url=fireworks.url, base_model=model
+            )
+            settings = settings.model_copy(update={"fireworks": update})
+        async with launched(settings, judge_client=ScriptedJudge(), backend=backend) as runtime:
+            as_alice = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
+            as_bob = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=BOB, max_retries=0)
+            bob_before = await _plain_replies(as_bob)
+            headers = {"Authorization": f"Bearer {ALICE}"}
+            async with httpx.AsyncClient(base_url=runtime.url, headers=headers) as http:
+                for step in range(1, STEPS + 1):
+                    for s in range(SESSIONS_PER_STEP):
+                        await converse(as_alice, http, f"alice-{step}-{s}", seed=step * 10 + s)
+                    deadline = asyncio.get_running_loop().time() + 60
+                    while len(runtime.store.steps(adapter=alice)) < step:
+                        assert asyncio.get_running_loop().time() < deadline, runtime.trainer.stats
+                        await asyncio.sleep(0.05)
+            bob_after = await _plain_replies(as_bob)
+            alice_now = await _plain_replies(as_alice)
+            adapters = {row["adapter"]: row for row in runtime.trainer.adapters()}
+            alice_steps = runtime.store.steps(adapter=alice)
+            trained = [t for *_, metrics in alice_steps for t in metrics.get("trained_turn_ids", [])]
+            owners = {runtime.store.turn_owner(turn_id) for turn_id in trained}
     assert bob_after == bob_before  # the same seeded replies: bob is still served by the base model
     assert {adapter for _, adapter, _ in bob_after} == {bob} and {v for *_, v in bob_after} == {"0"}
     assert {adapter for _, adapter, _ in alice_now} == {alice} and {v for *_, v in alice_now} == {str(STEPS)}
@@ -116,20 +105,11 @@ async def _restart_resumes_each_adapter(
 ) -> None:
     """A new launch on the same store and checkpoints: alice's adapter resumes from its own checkpoint and serves
     the same replies at the same version; bob is still served by the base."""
-    stop = asyncio.Event()
-    ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        launch(settings, ui=False, stop=stop, judge_client=ScriptedJudge(), on_ready=ready.set_result)
-    )
-    try:
-        runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
+    async with launched(settings, judge_client=ScriptedJudge()) as runtime:
         adapters = {row["adapter"]: row for row in runtime.trainer.adapters()}
         alice_again = await _plain_replies(
             openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
         )
         bob_again = await _plain_replies(openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=BOB, max_retries=0))
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=60)
     assert adapters[alice]["version"] == STEPS and adapters[alice]["steps"] == STEPS
     assert alice_again == alice_before and bob_again == bob_before

@@ -545,7 +545,7 @@ async def test_each_owner_gets_a_training_run_of_their_own(
         with pytest.raises(BackendError, match="version 1 is not servable"):
             await b.sample(prompt, greedy, version=1)
         path = await a.save_state("step-00000001")
-        assert Path(path).parent == adapter_state_dir((tmp_path / "ckpt").resolve(), alice)
+        assert Path(path).parent == adapter_state_dir(backend.settings, alice)
         with pytest.raises(BackendError, match=f"adapter {alice}'s checkpoint, not shared's"):
             await backend.load_state(path)
         assert len(double.calls("create_lora_training_client")) == 1  # bob never trained: no run of his yet

@@ -316,15 +316,12 @@ async def test_a_launch_reports_its_real_steps_to_tensorboard_and_mlflow_across_
 ) -> None:
     """`openclaw launch` on the tiny model, scripted users and judge (tests/e2e_scenario.py): two steps, a restart,
     one more step; TensorBoard's reader and MLflow's client then hold the store's rows exactly, in one run."""
-    import asyncio
 
     import httpx
     import openai
     from e2e_scenario import ScriptedJudge, converse, e2e_settings, wait_for_step
+    from runtime_helpers import free_port, launched
     from tracker_readback import mismatches, mlflow_series, tensorboard_series
-
-    from openclaw_cli.launch import Runtime, launch
-    from openclaw_cli.testing.local_servers import free_port
 
     settings = e2e_settings(learnable_model_dir, tmp_path, free_port())
     settings = settings.model_copy(
@@ -335,13 +332,7 @@ async def test_a_launch_reports_its_real_steps_to_tensorboard_and_mlflow_across_
     )
 
     async def run(steps: int, first_session: int) -> None:
-        stop = asyncio.Event()
-        ready: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            launch(settings, ui=False, stop=stop, judge_client=ScriptedJudge(), on_ready=ready.set_result)
-        )
-        try:
-            runtime = await asyncio.wait_for(asyncio.shield(ready), timeout=60)
+        async with launched(settings, judge_client=ScriptedJudge()) as runtime:
             client = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key="unused", max_retries=0)
             async with httpx.AsyncClient(base_url=runtime.url) as http:
                 done = runtime.trainer.stats.steps
@@ -349,9 +340,6 @@ async def test_a_launch_reports_its_real_steps_to_tensorboard_and_mlflow_across_
                     for s in range(2):
                         await converse(client, http, f"user-{first_session}-{step}-{s}", seed=step * 10 + s)
                     await wait_for_step(runtime, done + step)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=60)
 
     await run(2, 0)
     await run(1, 1)  # a restart on the same store
