@@ -1,18 +1,23 @@
-"""What serving several LoRA adapters at once costs the transformers sampler: 4 concurrent requests spread over 2
-adapters, against the same 4 requests on one adapter, in one run.
+"""What serving two owners' LoRA adapters at once costs: 4 concurrent requests spread over 2 owners' adapters,
+against the same 4 requests on one owner's adapter, in one run, on the transformers or the vLLM sampler.
 
-    python bench/mixed_adapters.py [--model smollm2|tiny|PATH] [--tokens 64] [--rounds 5]
+    python bench/mixed_adapters.py [--sampler transformers|vllm] [--model smollm2|tiny|PATH] [--tokens 64]
+                                   [--rounds 5]
 
-The local sampler decodes every running request in one forward pass, a row per request, each row on the LoRA deltas
-of the version it pinned (``PolicyVersions.activate_rows``: the distinct versions' A side by side along the rank
-and their B likewise, built once per set of versions; one product through all the A, a row mask keeping each row's
-own slice, one product through all the B; the base weights run once for the whole batch). An
-adapter per owner (``lora.scope = owner``) is served the same way, and two published versions with different weights
-stand in for two owners' adapters here:
+Two owners (two API keys, ``lora.scope = owner``) each get an adapter of their own: owner A's trained one step,
+owner B's two steps (different weights). How each sampler batches them:
 
-- one adapter: 4 concurrent requests all pinned to version 1, and all pinned to version 2 (the mean of the two: a
-  version's replies may end sooner, leaving fewer rows in the batch);
-- two adapters: the same 4 requests, 2 pinned to version 1 and 2 to version 2 (weights one training step apart).
+- transformers: every running request decodes in one forward pass, a row per request, each row on the LoRA deltas
+  of the adapter version it pinned (``PolicyVersions.activate_rows``: the distinct versions' A side by side along
+  the rank and their B likewise, built once per set of versions; one product through all the A, a row mask keeping
+  each row's own slice, one product through all the B; the base weights run once for the whole batch);
+- vllm: vLLM's multi-LoRA (``max_loras`` slots, its punica kernels apply each request's adapter in one batch).
+
+The cases:
+
+- one adapter: 4 concurrent requests all of owner A, and all of owner B (the mean of the two: an adapter's replies
+  may end sooner, leaving fewer rows in the batch);
+- two adapters: the same 4 requests, 2 of owner A and 2 of owner B.
 
 Every request asks for ``--tokens`` new tokens at temperature 0 from prompts that make the model talk; a reply that
 ends early counts the tokens it made. The two cases alternate over ``--rounds`` rounds and the ratio (two adapters
@@ -40,31 +45,37 @@ from swap_latency import build_settings, training_batch
 GOAL = 0.8
 
 
-async def publish_two_versions(backend: Any) -> tuple[int, int]:
-    """Two published versions whose LoRA weights differ (a training step between them, on the policy's own replies
-    with a large learning rate so the deltas are far from zero)."""
+OWNER_KEYS = ("sk-bench-owner-a-0123456789", "sk-bench-owner-b-0123456789")
+
+
+async def two_owners_adapters(backend: Any) -> tuple[Any, Any]:
+    """Owner A's and owner B's views of ``backend``, each with a published adapter of its own; the weights differ
+    (A one training step, B two, on the policy's own replies with a large learning rate so the deltas are far from
+    zero)."""
+    from openclaw_cli.lesson_prompt import key_owner
     from openclaw_cli.types import AdamParams
 
     datums = await training_batch(backend, 2, 16)
-    versions = []
-    for _ in range(2):
-        await backend.forward_backward(datums, "importance_sampling")
-        await backend.optim_step(AdamParams(learning_rate=1e-3))
-        versions.append((await backend.publish()).version)
-    return versions[0], versions[1]
+    views = []
+    for steps, key in enumerate(OWNER_KEYS, start=1):
+        view = backend.adapter(key_owner(key))
+        for _ in range(steps):
+            await view.forward_backward(datums, "importance_sampling")
+            await view.optim_step(AdamParams(learning_rate=1e-3))
+        await view.publish()
+        views.append(view)
+    return views[0], views[1]
 
 
-async def tokens_per_second(backend: Any, pins: list[int], max_tokens: int) -> float:
-    """Total tokens/s of one request per pin, all at once."""
+async def tokens_per_second(views: list[Any], max_tokens: int) -> float:
+    """Total tokens/s of one request per owner's view, all at once."""
     from openclaw_cli.types import SamplingParams
 
-    tokenizer = backend.tokenizer()
+    tokenizer = views[0].tokenizer()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     prompts = [tokenizer.render([{"role": "user", "content": q}]) for q in QUESTIONS]
     started = time.perf_counter()
-    results = await asyncio.gather(
-        *(backend.sample(prompts[i % len(prompts)], params, version=pin) for i, pin in enumerate(pins))
-    )
+    results = await asyncio.gather(*(view.sample(prompts[i % len(prompts)], params) for i, view in enumerate(views)))
     return sum(len(r.tokens) for r in results) / (time.perf_counter() - started)
 
 
@@ -72,18 +83,22 @@ async def main_async(args: argparse.Namespace) -> int:
     from openclaw_cli.backends.local import LocalBackend
 
     with tempfile.TemporaryDirectory(prefix="openclaw-mixed-adapters-") as tmp:
-        backend = LocalBackend(build_settings(args.model, Path(tmp)))
+        settings = build_settings(args.model, Path(tmp), api_key=OWNER_KEYS[0], api_keys=[OWNER_KEYS[1]])
+        settings.local.sampler = args.sampler
+        backend = LocalBackend(settings)
         await backend.start()
-        first, second = await publish_two_versions(backend)
-        two = [first, second, first, second]
-        await tokens_per_second(backend, two, 8)  # warm-up
+        if backend.sampler_kind != args.sampler:
+            raise SystemExit(f"asked for the {args.sampler} sampler, got {backend.sampler_kind}")
+        a, b = await two_owners_adapters(backend)
+        two = [a, b, a, b]
+        await tokens_per_second(two, 8)  # warm-up
         ratios, singles, mixed = [], [], []
         for round_ in range(args.rounds):
-            # Each adapter alone on the same 4 prompts, and the mix: a version's replies may end sooner than the
+            # Each adapter alone on the same 4 prompts, and the mix: one adapter's replies may end sooner than the
             # other's (fewer rows left in the batch), so the mix is compared with the mean of the two alone.
-            alone = [await tokens_per_second(backend, [pin] * 4, args.tokens) for pin in (first, second)]
+            alone = [await tokens_per_second([view] * 4, args.tokens) for view in (a, b)]
             single = statistics.mean(alone)
-            both = await tokens_per_second(backend, two, args.tokens)
+            both = await tokens_per_second(two, args.tokens)
             singles.append(single)
             mixed.append(both)
             ratios.append(both / single)
@@ -92,9 +107,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"{both:6.1f} tok/s",
                 flush=True,
             )
+        await backend.close()
     ratio = statistics.median(ratios)
     print(
-        f"4 concurrent requests, {args.tokens} tokens each, transformers sampler ({args.model}): one adapter "
+        f"4 concurrent requests, {args.tokens} tokens each, {args.sampler} sampler ({args.model}): one adapter "
         f"{statistics.median(singles):.1f} tok/s, two adapters {statistics.median(mixed):.1f} tok/s; "
         f"two/one = {ratio:.2f} (goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})"
     )
@@ -103,6 +119,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sampler", default="transformers", choices=["transformers", "vllm"])
     parser.add_argument("--model", default="smollm2", help="smollm2 (embedded), tiny (built offline), or a path")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)

@@ -52,7 +52,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def build_settings(model: str, work: Path) -> Any:
+def build_settings(model: str, work: Path, **extra: Any) -> Any:
+    """Bench settings on ``model`` (smollm2, tiny or a path) under ``work``; ``extra`` are further Settings fields."""
     from openclaw_cli.settings import LocalSettings, LoraSettings, Settings, StoreSettings
 
     if model == "tiny":
@@ -69,6 +70,7 @@ def build_settings(model: str, work: Path) -> Any:
         store=StoreSettings(path=work / "store.sqlite3"),
         local=LocalSettings(state_dir=work / "ckpt", device="cpu", sampler="transformers", keep_versions=3),
         proxy={"accept_any_model": True},
+        **extra,
     )
 
 

@@ -48,7 +48,6 @@ async def test_one_owners_corrections_train_only_their_adapter(
     settings = e2e_settings(
         learnable_model_dir, tmp_path, free_port(), backend=backend_name, api_keys=[ALICE, BOB], tinker={"api_key": "k"}
     )
-    alice, bob = key_owner(ALICE), key_owner(BOB)
     with contextlib.ExitStack() as doubles:
         backend = None
         if backend_name == "tinker":  # the Tinker backend, unchanged, against its SDK double (tests/test_e2e_tinker.py)
@@ -70,25 +69,32 @@ async def test_one_owners_corrections_train_only_their_adapter(
                 mode="stepwise", api_key=fireworks.api_key, base_url=fireworks.url, base_model=model
             )
             settings = settings.model_copy(update={"fireworks": update})
-        async with launched(settings, judge_client=ScriptedJudge(), backend=backend) as runtime:
-            as_alice = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
-            as_bob = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=BOB, max_retries=0)
-            bob_before = await _plain_replies(as_bob)
-            headers = {"Authorization": f"Bearer {ALICE}"}
-            async with httpx.AsyncClient(base_url=runtime.url, headers=headers) as http:
-                for step in range(1, STEPS + 1):
-                    for s in range(SESSIONS_PER_STEP):
-                        await converse(as_alice, http, f"alice-{step}-{s}", seed=step * 10 + s)
-                    deadline = asyncio.get_running_loop().time() + 60
-                    while len(runtime.store.steps(adapter=alice)) < step:
-                        assert asyncio.get_running_loop().time() < deadline, runtime.trainer.stats
-                        await asyncio.sleep(0.05)
-            bob_after = await _plain_replies(as_bob)
-            alice_now = await _plain_replies(as_alice)
-            adapters = {row["adapter"]: row for row in runtime.trainer.adapters()}
-            alice_steps = runtime.store.steps(adapter=alice)
-            trained = [t for *_, metrics in alice_steps for t in metrics.get("trained_turn_ids", [])]
-            owners = {runtime.store.turn_owner(turn_id) for turn_id in trained}
+        await check_two_owners(settings, tmp_path, backend=backend, restart=backend_name == "local")
+
+
+async def check_two_owners(settings: Any, tmp_path: Path, *, backend: Any = None, restart: bool = False) -> None:
+    """alice corrects for STEPS steps while bob watches: alice's adapter (only) learns from her turns only; bob's
+    seeded replies stay the base model's. With ``restart``, a second launch resumes each adapter."""
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    async with launched(settings, judge_client=ScriptedJudge(), backend=backend) as runtime:
+        as_alice = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=ALICE, max_retries=0)
+        as_bob = openai.AsyncOpenAI(base_url=f"{runtime.url}/v1", api_key=BOB, max_retries=0)
+        bob_before = await _plain_replies(as_bob)
+        headers = {"Authorization": f"Bearer {ALICE}"}
+        async with httpx.AsyncClient(base_url=runtime.url, headers=headers) as http:
+            for step in range(1, STEPS + 1):
+                for s in range(SESSIONS_PER_STEP):
+                    await converse(as_alice, http, f"alice-{step}-{s}", seed=step * 10 + s)
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(runtime.store.steps(adapter=alice)) < step:
+                    assert asyncio.get_running_loop().time() < deadline, runtime.trainer.stats
+                    await asyncio.sleep(0.05)
+        bob_after = await _plain_replies(as_bob)
+        alice_now = await _plain_replies(as_alice)
+        adapters = {row["adapter"]: row for row in runtime.trainer.adapters()}
+        alice_steps = runtime.store.steps(adapter=alice)
+        trained = [t for *_, metrics in alice_steps for t in metrics.get("trained_turn_ids", [])]
+        owners = {runtime.store.turn_owner(turn_id) for turn_id in trained}
     assert bob_after == bob_before  # the same seeded replies: bob is still served by the base model
     assert {adapter for _, adapter, _ in bob_after} == {bob} and {v for *_, v in bob_after} == {"0"}
     assert {adapter for _, adapter, _ in alice_now} == {alice} and {v for *_, v in alice_now} == {str(STEPS)}
@@ -96,7 +102,7 @@ async def test_one_owners_corrections_train_only_their_adapter(
     assert bob not in adapters or adapters[bob]["steps"] == 0
     assert trained and owners == {alice}
     assert (tmp_path / "ckpt" / "adapters" / ("key-" + alice[4:]) / f"step-{STEPS:08d}").is_dir()
-    if backend_name == "local":
+    if restart:
         await _restart_resumes_each_adapter(settings, alice, bob, alice_now, bob_after)
 
 

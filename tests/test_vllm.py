@@ -155,14 +155,16 @@ def _teacher_forced(model_dir: Path, prompt: list[int], tokens: list[int], weigh
 
 @contextlib.asynccontextmanager
 async def started_sampler(
-    model_dir: Path, tmp_path: Path, keep_versions: int
+    model_dir: Path, tmp_path: Path, keep_versions: int, *, owner_keys: tuple[str, ...] = (), resident: int = 16
 ) -> AsyncIterator[tuple[VLLMSampler, list[int]]]:
-    """A started vLLM sampler on ``model_dir`` (LoRA rank 4, float32) and a rendered one-message prompt."""
+    """A started vLLM sampler on ``model_dir`` (LoRA rank 4, float32) and a rendered one-message prompt; with
+    ``owner_keys``, sized for an adapter per owner (``resident`` of them in one batch)."""
     from openclaw_cli.tokenizer import HFChatTokenizer
 
     tokenizer = HFChatTokenizer.from_pretrained(model_dir, context_length=4096)
     local = {"dtype": "float32", "keep_versions": keep_versions}
-    settings = Settings(model=str(model_dir), lora={"rank": 4}, local=local)
+    keys = {"api_key": owner_keys[0], "api_keys": list(owner_keys[1:])} if owner_keys else {}
+    settings = Settings(model=str(model_dir), lora={"rank": 4, "resident_adapters": resident}, local=local, **keys)
     sampler = VLLMSampler(model_dir, tokenizer, settings, adapter_dir=tmp_path / "adapters", gpu_memory_utilization=0.2)
     await sampler.start()
     try:
@@ -228,6 +230,69 @@ async def test_vllm_raw_logprobs_hot_loads_retires_rolls_back_and_keeps_mixed_ba
         assert rolled.logprobs == pytest.approx(_teacher_forced(vllm_model_dir, prompt, rolled.tokens, other), abs=2e-3)
         again = await sampler.sample(prompt, greedy, version=0)  # the base stays servable, unchanged
         assert again.tokens == result.tokens
+
+
+@pytest.mark.vllm
+@needs_vllm
+async def test_owners_adapters_batch_together_each_with_its_own_numbers_and_weights(
+    vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's multi-LoRA per owner: each owner's adapter numbers its versions from 1 and serves only its own;
+    requests of four owners and the base batched together each get their own weights' exact log-probabilities,
+    also with fewer LoRA slots than adapters in flight (they take turns; an evicted adapter reloads from disk)."""
+    from transformers import AutoModelForCausalLM
+
+    from openclaw_cli.backends.local.vllm_sampler import vllm_lora_slots
+
+    keys = ("sk-a-0123456789", "sk-b-0123456789")
+    async with started_sampler(vllm_model_dir, tmp_path, keep_versions=1, owner_keys=keys, resident=1) as (
+        sampler,
+        prompt,
+    ):
+        assert vllm_lora_slots(sampler.settings) == (3, 3)  # the base's zero adapter + 2: fewer than 4 owners
+        base_model = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
+        owners = [f"key:owner{i}" for i in range(4)]
+        weights = {o: _random_lora(base_model, rank=4, scaling=2.0, seed=20 + i) for i, o in enumerate(owners)}
+        for owner in owners:
+            info = await sampler.publish(weights[owner], adapter=owner)
+            assert info.version == 1 and sampler.current_version(owner).version == 1
+        assert sampler.current_version().version == 0  # the shared adapter never published
+        assert sampler.servable(owners[0]) == [0, 1]
+        with pytest.raises(BackendError, match="version 2 is not servable"):
+            await sampler.sample(prompt, SamplingParams(max_tokens=4), version=2, adapter=owners[0])
+
+        sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+        asked = [*owners, None, *reversed(owners)]
+        got = await asyncio.gather(
+            *(sampler.sample(prompt, sampled, version=0 if o is None else None, adapter=o or owners[0]) for o in asked)
+        )
+        for owner, result in zip(asked, got, strict=True):
+            expected = _teacher_forced(vllm_model_dir, prompt, result.tokens, weights[owner] if owner else None)
+            assert result.logprobs == pytest.approx(expected, abs=2e-3), owner
+        assert [r.version for r in got] == [0 if o is None else 1 for o in asked]
+        # Each adapter's files live in a directory of its own; a second version retires the first (keep 1).
+        await sampler.publish(weights[owners[1]], adapter=owners[0])
+        assert sampler.servable(owners[0]) == [0, 2] and sampler.servable(owners[1]) == [0, 1]
+        assert len(list((tmp_path / "adapters" / "key-owner0").iterdir())) == 1
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.timeout(600)
+async def test_two_owners_on_one_launch_through_vllm_each_train_and_serve_their_own_adapter(
+    vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """tests/test_owners_e2e.py's two-owner launch, served by vLLM: alice's corrections train her adapter only,
+    served from vLLM at her own versions; bob's seeded replies stay the base model's; a restart resumes both."""
+    from e2e_scenario import e2e_settings, make_learnable_model
+    from runtime_helpers import free_port
+    from test_owners_e2e import ALICE, BOB, check_two_owners
+
+    model_dir = make_learnable_model(vllm_model_dir, tmp_path / "learnable")
+    settings = e2e_settings(model_dir, tmp_path, free_port(), api_keys=[ALICE, BOB])
+    settings.local.sampler = "vllm"
+    settings.local.dtype = "float32"
+    await check_two_owners(settings, tmp_path, restart=True)
 
 
 @pytest.mark.vllm

@@ -11,15 +11,62 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import BASE_VERSION
 from openclaw_cli.backend import Serves as ServingSampler
-from openclaw_cli.types import SampleResult, SamplingParams, StreamEvent
+from openclaw_cli.types import OutputConstraint, SampleResult, SamplingParams, StreamEvent
 
 
 class ScoringSampler(Protocol):
     async def compute_logprobs(
         self, tokens: list[int], *, version: int | None = None, start: int = 1
     ) -> list[float | None]: ...
+
+
+class ServesAdapters(Protocol):
+    """A sampler that serves many adapters' versions (the transformers and vLLM samplers)."""
+
+    async def sample(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
+    ) -> SampleResult: ...
+
+    def stream(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
+    ) -> AsyncIterator[StreamEvent]: ...
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None: ...
+
+
+class AdapterServing:
+    """A multi-adapter sampler's serving for one adapter: what a backend's per-owner view answers requests with.
+    Versions are that adapter's own numbers."""
+
+    def __init__(self, sampler: ServesAdapters, adapter: str) -> None:
+        self.sampler = sampler
+        self.adapter = adapter
+
+    async def sample(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> SampleResult:
+        return await self.sampler.sample(prompt_tokens, params, version, adapter=self.adapter)
+
+    def stream(
+        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        return self.sampler.stream(prompt_tokens, params, version, adapter=self.adapter)
+
+    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
+        return self.sampler.accepts_constraint(constraint)
 
 
 class ServesFromSampler:

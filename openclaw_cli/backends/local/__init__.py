@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from openclaw_cli.adapters import SHARED_ADAPTER, adapter_state_dir, separate_adapters
+from openclaw_cli.adapters import SHARED_ADAPTER, adapter_state_dir
 from openclaw_cli.backend import BackendError, Check
 from openclaw_cli.backends.local.heap import keep_large_allocations_mapped, release_free_memory
-from openclaw_cli.backends.sampler_serving import ServesFromSampler
+from openclaw_cli.backends.sampler_serving import AdapterServing, ServesFromSampler
 from openclaw_cli.types import (
     AdamParams,
     Datum,
@@ -72,20 +72,6 @@ def choose_sampler(preference: str) -> SamplerKind:
     return "vllm" if usable else "transformers"
 
 
-def _sampler_for(settings: Settings) -> SamplerKind:
-    """:func:`choose_sampler`, except that an adapter per owner is served by the transformers sampler only (so far):
-    ``auto`` then picks it, and an explicit ``vllm`` is refused with the fix."""
-    if not separate_adapters(settings):
-        return choose_sampler(settings.local.sampler)
-    if settings.local.sampler == "vllm":
-        raise BackendError(
-            "lora.scope = 'owner' with several owners needs the transformers sampler for now (vLLM's multi-LoRA "
-            "serving per owner is not built yet); set local.sampler = 'transformers', or lora.scope = 'shared' for "
-            "one adapter everyone shares"
-        )
-    return "transformers"
-
-
 class LocalBackend(ServesFromSampler):
     """In-process policy: PEFT LoRA trainer + versioned serving over one copy of the base weights.
 
@@ -124,11 +110,6 @@ class LocalBackend(ServesFromSampler):
         if name == self._adapter:
             return self
         self._require_versions()  # a view made before start would never see the started parts
-        if self._vllm is not None:
-            raise BackendError(
-                "an adapter per owner is not served by the vLLM sampler yet; set local.sampler = 'transformers' or "
-                "lora.scope = 'shared'"
-            )
         view = self._views.get(name)
         if view is None:
             view = copy.copy(self)  # a shallow copy: every attribute but the adapter name is the same object
@@ -158,7 +139,7 @@ class LocalBackend(ServesFromSampler):
         async with self._start_lock:
             if self._torch_sampler is not None:
                 return
-            kind = _sampler_for(self.settings)
+            kind = choose_sampler(self.settings.local.sampler)
             keep_large_allocations_mapped()  # before the model's tensors exist (see heap.py)
             loaded, trainer, states, versions, torch_sampler = await asyncio.to_thread(self._build)
             if kind == "vllm":
@@ -264,7 +245,7 @@ class LocalBackend(ServesFromSampler):
         values become the sampling log-probabilities where they are that (temperature 1, unfiltered)."""
         if self._vllm is None or params.constraint is None or not result.tokens:
             return result
-        scores = await self._require_sampler().compute_logprobs(
+        scores = await self._scoring_sampler().compute_logprobs(
             list(prompt_tokens) + result.tokens, version=result.version, start=len(prompt_tokens)
         )
         masked = result.logprobs
@@ -365,7 +346,7 @@ class LocalBackend(ServesFromSampler):
 
     def _serve(self, version: int) -> PolicyVersion:
         if self._vllm is not None:
-            self._vllm.make_current(version)
+            self._vllm.make_current(version, self._adapter)
         return self._require_versions().make_current(version, self._adapter)
 
     def servable_versions(self) -> list[int]:
@@ -378,10 +359,14 @@ class LocalBackend(ServesFromSampler):
         versions = self._require_versions()
         if self._vllm is None:
             return versions.publish(weights, name, version=version, make_current=make_current, adapter=self._adapter)
-        # vLLM numbers its versions itself (a requested number cannot be honoured there); the torch side mirrors
-        # whatever number vLLM gave, so scoring and serving always agree on what "version N" is.
-        info = await self._vllm.publish(weights, name, make_current=make_current)
-        mirrored = versions.publish(weights, name, version=info.version, make_current=make_current)
+        # vLLM numbers first (by the same rule as the torch side); the torch side mirrors whatever number vLLM
+        # gave, so scoring and serving always agree on what "version N" of this adapter is.
+        info = await self._vllm.publish(
+            weights, name, version=version, make_current=make_current, adapter=self._adapter
+        )
+        mirrored = versions.publish(
+            weights, name, version=info.version, make_current=make_current, adapter=self._adapter
+        )
         if mirrored.version != info.version:
             raise BackendError(f"version numbers diverged: vLLM {info.version}, torch side {mirrored.version}")
         return info
@@ -516,8 +501,12 @@ class LocalBackend(ServesFromSampler):
             raise BackendError("the local backend is not started; call start() first")
         return self._torch_sampler
 
-    def _serving_sampler(self) -> TransformersSampler | AdapterSampler | VLLMSampler:
-        return self._vllm if self._vllm is not None else self._scoring_sampler()
+    def _serving_sampler(self) -> TransformersSampler | AdapterServing | VLLMSampler:
+        if self._vllm is None:
+            return self._scoring_sampler()
+        if self._adapter == SHARED_ADAPTER:
+            return self._vllm
+        return AdapterServing(self._vllm, self._adapter)
 
     def _scoring_sampler(self) -> TransformersSampler | AdapterSampler:
         """The torch sampler, for this view's adapter (teacher-forced scoring runs in torch, also when vLLM

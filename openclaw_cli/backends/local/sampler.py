@@ -31,6 +31,7 @@ from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.local.cpu_threads import OtherWork, default_decode_threads, per_thread_setter
 from openclaw_cli.backends.local.grammar import ConstrainedRow, GrammarMasks
 from openclaw_cli.backends.local.serving import PolicyVersions, ServedVersion
+from openclaw_cli.backends.sampler_serving import AdapterServing
 from openclaw_cli.types import FinishReason, OutputConstraint, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
@@ -701,28 +702,16 @@ class TransformersSampler:
                 row.pad -= shared
 
 
-class AdapterSampler:
+class AdapterSampler(AdapterServing):
     """A :class:`TransformersSampler`'s serving and scoring for one adapter: what a local backend's per-owner view
     (``LocalBackend.adapter``) answers with. Versions are that adapter's own numbers."""
 
+    sampler: TransformersSampler
+
     def __init__(self, sampler: TransformersSampler, adapter: str) -> None:
-        self.sampler = sampler
-        self.adapter = adapter
-
-    async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> SampleResult:
-        return await self.sampler.sample(prompt_tokens, params, version, adapter=self.adapter)
-
-    def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        return self.sampler.stream(prompt_tokens, params, version, adapter=self.adapter)
+        super().__init__(sampler, adapter)
 
     async def compute_logprobs(
         self, tokens: list[int], *, version: int | None = None, start: int = 1
     ) -> list[float | None]:
         return await self.sampler.compute_logprobs(tokens, version=version, start=start, adapter=self.adapter)
-
-    def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
-        return self.sampler.accepts_constraint(constraint)

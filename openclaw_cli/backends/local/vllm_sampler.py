@@ -8,6 +8,12 @@ base model is version 0, served without a LoRA until the first publish and as an
 request pins its ``LoRARequest`` when it starts, so publishing never changes the weights of a request already
 running.
 
+Adapters per owner (:mod:`openclaw_cli.adapters`): each adapter has its own line of versions, numbered on its own
+(the base is 0 in every line and is the one zero adapter they share). vLLM batches requests of different adapters
+together (its multi-LoRA); ``max_loras`` sizes how many distinct adapters one batch holds
+(:func:`vllm_lora_slots`): a request whose adapter finds no free slot waits a step in vLLM's scheduler, and an
+adapter evicted from vLLM's LRU cache is reloaded from its PEFT directory on its next request.
+
 Log-probabilities: vLLM is asked for ``logprobs=0`` (the sampled token only) with ``logprobs_mode="raw_logprobs"``
 (vLLM's default), i.e. ``log_softmax`` of the model's raw logits — temperature 1, before penalties, top-k and
 top-p. That is :attr:`SampleResult.logprobs`, the same quantity a teacher-forced forward pass of the same policy
@@ -31,10 +37,11 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from openclaw_cli.adapters import SHARED_ADAPTER, adapter_dirname, separate_adapters
 from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
 from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights, write_peft_adapter
@@ -83,6 +90,23 @@ def vllm_max_lora_rank(rank: int) -> int:
     raise BackendError(f"LoRA rank {rank} exceeds vLLM's largest supported rank {VLLM_LORA_RANKS[-1]}")
 
 
+def vllm_lora_slots(settings: Settings) -> tuple[int, int]:
+    """``(max_loras, max_cpu_loras)`` for vLLM: adapters one batch may mix, and adapters kept loaded in memory.
+
+    One shared adapter: every servable version may be batched together, +1 slot for versions still finishing
+    requests, +1 for the base model's zero adapter (see ``VLLMSampler._base_as_zero_adapter``). Adapters per
+    owner: the ``lora.resident_adapters`` most active owners' current versions batch together (+1 for the base),
+    and the memory cache holds each of them with its kept versions; more active owners than slots take turns
+    (vLLM's scheduler holds a request back a step rather than fail it).
+    """
+    keep = settings.local.keep_versions
+    if not separate_adapters(settings):
+        return keep + 2, keep + 2
+    resident = settings.lora.resident_adapters
+    in_batch = max(keep + 2, min(resident, max(settings.local.max_concurrent_requests, 1) * 4) + 1)
+    return in_batch, max(in_batch, resident * (keep + 1) + 1)
+
+
 @dataclass
 class _Served:
     info: PolicyVersion
@@ -91,11 +115,21 @@ class _Served:
     in_flight: int = 0
 
 
+@dataclass
+class _Line:
+    """One adapter's versions as vLLM serves them: its own numbers, the base (0) shared with every adapter."""
+
+    current: _Served
+    published: OrderedDict[int, _Served] = field(default_factory=OrderedDict)
+    latest: int = BASE_VERSION
+
+
 class VLLMSampler:
     """Token-id sampling and streaming from vLLM's ``AsyncLLM`` with LoRA versions.
 
     ``model_path`` is a local HF-style dir (``LoadedModel.path``); ``adapter_dir`` receives one PEFT adapter dir
-    per published version (kept while the version is servable or a request still uses it).
+    per published version (kept while the version is servable or a request still uses it), under a directory per
+    adapter. Every version method takes the ``adapter`` it acts on (the shared adapter by default).
     """
 
     def __init__(
@@ -115,10 +149,8 @@ class VLLMSampler:
         self._engine: Any = None
         self._keep = settings.local.keep_versions
         self._base = _Served(PolicyVersion(BASE_VERSION, "base"), None, None)
-        self._published: OrderedDict[int, _Served] = OrderedDict()
+        self._lines: dict[str, _Line] = {}
         self._retired: list[_Served] = []
-        self._current = self._base
-        self._latest = BASE_VERSION
         self._lora_ids = itertools.count(1)  # vLLM needs a positive, unique integer id per adapter
         self._publish_lock = asyncio.Lock()  # version numbers are handed out in publish order
 
@@ -136,9 +168,7 @@ class VLLMSampler:
 
         local = self.settings.local
         on_cpu = vllm_cpu_build()
-        # Every servable version may be batched together: +1 slot for versions still finishing requests, +1 for
-        # the base model's zero adapter (see _base_as_zero_adapter).
-        slots = self._keep + 2
+        in_batch, in_memory = vllm_lora_slots(self.settings)
         args: dict[str, Any] = {
             "model": str(self.model_path),
             "tokenizer": str(self.model_path),
@@ -151,8 +181,8 @@ class VLLMSampler:
             "gpu_memory_utilization": min(self.gpu_memory_utilization, 0.3) if on_cpu else self.gpu_memory_utilization,
             "enable_lora": True,
             "max_lora_rank": vllm_max_lora_rank(self.settings.lora.rank),
-            "max_loras": slots,
-            "max_cpu_loras": slots,
+            "max_loras": in_batch,
+            "max_cpu_loras": in_memory,
             "max_num_seqs": max(local.max_concurrent_requests, 1) * 4,
         }
         if "structured_outputs_config" in AsyncEngineArgs.__dataclass_fields__:
@@ -173,46 +203,64 @@ class VLLMSampler:
             self._engine.shutdown()
             self._engine = None
 
-    # --- versions -------------------------------------------------------------------------------------------
+    # --- versions ---------------------------------------------------------------------------------------------
 
-    def current_version(self) -> PolicyVersion:
-        return self._current.info
+    def _line(self, adapter: str) -> _Line:
+        line = self._lines.get(adapter)
+        if line is None:
+            line = self._lines[adapter] = _Line(current=self._base)
+        return line
 
-    def servable(self) -> list[int]:
-        return [BASE_VERSION, *self._published]
+    def current_version(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
+        return self._line(adapter).current.info
+
+    def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
+        return [BASE_VERSION, *self._line(adapter).published]
 
     async def publish(
-        self, weights: LoraWeights, name: str | None = None, *, make_current: bool = True
+        self,
+        weights: LoraWeights,
+        name: str | None = None,
+        *,
+        version: int | None = None,
+        make_current: bool = True,
+        adapter: str = SHARED_ADAPTER,
     ) -> PolicyVersion:
-        """Write ``weights`` as a PEFT adapter, load it into vLLM, then make it current (atomic for callers);
-        ``make_current=False`` only stages it (servable when pinned) until :meth:`make_current`."""
+        """Write ``weights`` as a PEFT adapter, load it into vLLM, then make it ``adapter``'s current version
+        (atomic for callers); ``make_current=False`` only stages it (servable when pinned) until
+        :meth:`make_current`. ``version`` asks for a number (resuming a checkpoint): honoured when above every
+        number the adapter used, else the next one is taken, as the torch side does."""
         async with self._publish_lock:
-            return await self._publish(weights, name, make_current)
+            return await self._publish(weights, name, version, make_current, adapter)
 
-    def make_current(self, version: int) -> PolicyVersion:
-        """Serve an already servable version from now on (rollback, or promoting a staged version)."""
-        served = self._acquire(version)
+    def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
+        """Serve an already servable version of ``adapter`` from now on (rollback, or promoting a staged one)."""
+        served = self._acquire(version, adapter)
         served.in_flight -= 1  # _acquire pins for a request; here only the lookup is wanted
-        self._current = served
+        self._line(adapter).current = served
         return served.info
 
-    async def _publish(self, weights: LoraWeights, name: str | None, make_current: bool = True) -> PolicyVersion:
+    async def _publish(
+        self, weights: LoraWeights, name: str | None, version: int | None, make_current: bool, adapter: str
+    ) -> PolicyVersion:
         if self._base.lora is None:
             await self._base_as_zero_adapter(weights)
-        number = self._latest + 1
+        line = self._line(adapter)
+        number = version if version is not None and version > line.latest else line.latest + 1
         info = PolicyVersion(number, name or f"v{number}", time.time())
-        path = self.adapter_dir / f"v{number}-{uuid.uuid4().hex[:8]}"
+        path = self.adapter_dir / adapter_dirname(adapter) / f"v{number}-{uuid.uuid4().hex[:8]}"
         # Loaded before switching, so the first request on it pays nothing.
-        lora = await self._load_adapter(weights, path, f"openclaw-v{number}", f"the LoRA adapter for version {number}")
+        what = f"the LoRA adapter for version {number}" + ("" if adapter == SHARED_ADAPTER else f" of {adapter}")
+        lora = await self._load_adapter(weights, path, f"openclaw-{adapter_dirname(adapter)}-v{number}", what)
         served = _Served(info, lora, path)
-        self._published[number] = served
-        self._latest = number
+        line.published[number] = served
+        line.latest = number
         if make_current:
-            self._current = served
-        while len(self._published) > self._keep:
+            line.current = served
+        while len(line.published) > self._keep:
             # Oldest out first, but never the current version (after a rollback it need not be the newest).
-            oldest = next(n for n, s in self._published.items() if s is not self._current)
-            self._retired.append(self._published.pop(oldest))
+            oldest = next(n for n, s in line.published.items() if s is not line.current)
+            self._retired.append(line.published.pop(oldest))
         await self._free_retired()
         return info
 
@@ -238,6 +286,7 @@ class VLLMSampler:
         from vllm.lora.request import LoRARequest
 
         engine = self._require_engine()
+        path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(write_peft_adapter, weights, path, self.model_path)
         lora = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=str(path))
         try:
@@ -247,15 +296,16 @@ class VLLMSampler:
             raise BackendError(f"vLLM rejected {what}: {exc}") from exc
         return lora
 
-    def _acquire(self, version: int | None) -> _Served:
+    def _acquire(self, version: int | None, adapter: str) -> _Served:
+        line = self._line(adapter)
         if version is None:
-            served = self._current
+            served = line.current
         elif version == BASE_VERSION:
             served = self._base
-        elif version in self._published:
-            served = self._published[version]
+        elif version in line.published:
+            served = line.published[version]
         else:
-            known = ", ".join(str(v) for v in self.servable())
+            known = ", ".join(str(v) for v in self.servable(adapter))
             raise BackendError(f"policy version {version} is not servable; servable versions: {known}", status_code=400)
         served.in_flight += 1
         return served
@@ -280,10 +330,15 @@ class VLLMSampler:
     # --- sampling -------------------------------------------------------------------------------------------
 
     async def sample(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
     ) -> SampleResult:
         result: SampleResult | None = None
-        async for event in self.stream(prompt_tokens, params, version):
+        async for event in self.stream(prompt_tokens, params, version, adapter=adapter):
             if isinstance(event, SampleResult):
                 result = event
         if result is None:  # the stream always ends with a SampleResult unless vLLM broke its contract
@@ -291,9 +346,15 @@ class VLLMSampler:
         return result
 
     async def stream(
-        self, prompt_tokens: list[int], params: SamplingParams, version: int | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
     ) -> AsyncIterator[StreamEvent]:
-        """Yield a :class:`TokenChunk` per sampled token, then one :class:`SampleResult` (the whole completion)."""
+        """Yield a :class:`TokenChunk` per sampled token, then one :class:`SampleResult` (the whole completion),
+        from ``adapter``'s ``version`` (its current one when None)."""
         engine = self._require_engine()
         from vllm.inputs import TokensPrompt
 
@@ -305,7 +366,7 @@ class VLLMSampler:
                 f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.tokenizer.context_length}",
                 status_code=400,
             )
-        served = self._acquire(version)
+        served = self._acquire(version, adapter)
         started = time.time()
         first_token_at = 0.0
         tokens: list[int] = []
