@@ -235,7 +235,10 @@ async def launch(
 
         # Every adapter's loop publishes through a gate of its own (the collapse guard, the promotion gate).
         trainer = TrainerPool(
-            store, backend, settings, gate_for=lambda view: make_publisher(store, view, client, settings)
+            store,
+            backend,
+            settings,
+            gate_for=lambda view, adapter: make_publisher(store, view, client, settings, adapter=adapter),
         )
         gate = cast("PromotionGate | None", trainer.gates[SHARED_ADAPTER])
         judge = JudgeLoop(store, client, settings, trainer_waiting=trainer.waiting)
@@ -273,8 +276,6 @@ def require_adapter_support(backend: Backend, settings: Settings) -> None:
             f"lora.scope = 'owner' with several owners: the {backend.name} backend keeps one adapter for everyone "
             f"(an adapter per owner is built for the local backend so far); use --backend local, {fix}"
         )
-    if settings.train.promotion_gate:
-        raise BackendError(f"train.promotion_gate does not judge owners' own adapters yet; turn it off, {fix}")
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -263,11 +263,17 @@ async def test_a_checkpoint_is_its_adapters_own(tiny_model_dir: Path, tmp_path: 
         assert restarted.current_version().version == 0
 
 
-async def test_vllm_sampler_refuses_owner_adapters_at_start(tiny_model_dir: Path, tmp_path: Path) -> None:
-    settings = _settings(tiny_model_dir, tmp_path)
-    settings.local.sampler = "vllm"
-    with pytest.raises(BackendError, match=r"lora.scope = 'owner' with several owners needs the transformers sampler"):
-        await LocalBackend(settings).start()
+def test_vllm_lora_slots_hold_the_resident_owners_in_one_batch() -> None:
+    """vLLM's multi-LoRA sizes: one shared adapter batches its kept versions (+ one finishing, + the base's zero
+    adapter); owners' adapters batch lora.resident_adapters owners (+ the base), and memory holds their versions."""
+    from openclaw_cli.backends.local.vllm_sampler import vllm_lora_slots
+
+    shared = Settings(api_key=ALICE, local={"keep_versions": 3})
+    assert vllm_lora_slots(shared) == (5, 5)
+    owners = Settings(api_key=ALICE, api_keys=[BOB], local={"keep_versions": 3}, lora={"resident_adapters": 16})
+    assert vllm_lora_slots(owners) == (17, 16 * 4 + 1)
+    few = owners.model_copy(update={"lora": LoraSettings(resident_adapters=1)})
+    assert vllm_lora_slots(few) == (5, 5)  # never fewer slots than one adapter's own versions need
 
 
 @pytest.mark.parametrize("name", ["fireworks"])
@@ -284,8 +290,25 @@ def test_a_backend_without_adapters_is_refused_at_launch(name: str) -> None:
     ):
         require_adapter_support(create_backend(fine), fine)  # one owner, or one adapter asked for: nothing to refuse
     gated = Settings(api_key=ALICE, api_keys=[BOB], train={"promotion_gate": True})
-    with pytest.raises(BackendError, match="promotion_gate does not judge owners' own adapters yet"):
-        require_adapter_support(LocalBackend(gated), gated)
+    require_adapter_support(LocalBackend(gated), gated)  # each owner's adapter has a gate of its own
+
+
+def test_an_owners_promotion_gate_evaluates_on_that_owners_untrained_turns_only(tmp_path: Path) -> None:
+    """The held-out set an adapter's promotion gate evaluates on: the turns that adapter served and its own trainer
+    has not trained, one per session; another owner's conversations never enter it."""
+    from openclaw_cli.learn.promotion import held_out_items
+
+    alice, bob = key_owner(ALICE), key_owner(BOB)
+    with Store(tmp_path / "store.sqlite3") as store:
+        hers = [_ready_turn(store, alice, alice, i) for i in range(2)]
+        his = _ready_turn(store, bob, bob, 0)
+        shared = _ready_turn(store, "local", SHARED_ADAPTER, 0)
+        assert [item.source for item in held_out_items(store, 5, alice)] == [f"turn:{hers[1]}"]
+        assert [item.source for item in held_out_items(store, 5, bob)] == [f"turn:{his}"]
+        assert [item.source for item in held_out_items(store, 5)] == [f"turn:{shared}"]
+        store.complete(trainer_consumer(alice), hers[1], "{}")  # trained by alice's trainer: no longer held out
+        store.complete(trainer_consumer(bob), hers[0], "{}")  # another trainer's mark does not count for hers
+        assert [item.source for item in held_out_items(store, 5, alice)] == [f"turn:{hers[0]}"]
 
 
 # --- the proxy: every API serves each owner from its own adapter -----------------------------------------------------
@@ -535,8 +558,9 @@ async def test_each_adapters_loop_publishes_through_a_gate_of_its_own(tiny_token
     made: list[str] = []
 
     class Gate:
-        def __init__(self, view: Any) -> None:
-            made.append(view.adapter_name)
+        def __init__(self, view: Any, adapter: str) -> None:
+            assert view.adapter_name == adapter
+            made.append(adapter)
 
         async def publish(self, name: str) -> Any: ...
 

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from openclaw_cli.adapters import SHARED_ADAPTER, trainer_consumer
 from openclaw_cli.backend import supports_version_control
 from openclaw_cli.learn.collapse_guard import CollapseGuard
 from openclaw_cli.learn.evaluation import EvalError, EvalItem, EvalOptions, PolicyChoice, evaluate
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("openclaw.promotion")
 
-# openclaw_cli.learn.trainer_loop.CONSUMER: turns it completed were trained on (or skipped)
-TRAINER_CONSUMER = "trainer"
 KEEP_DECISIONS = 20
 _CANDIDATES_PER_SESSION = 4  # newest turns fetched per wanted session before keeping one per session
 
@@ -68,11 +67,14 @@ class GateDecision:
         return asdict(self)
 
 
-def held_out_items(store: Store, sessions: int) -> list[EvalItem]:
-    """Prompts of the newest untrained main-line turn of each of the newest ``sessions`` sessions, newest first."""
+def held_out_items(store: Store, sessions: int, adapter: str = SHARED_ADAPTER) -> list[EvalItem]:
+    """Prompts of the newest main-line turn ``adapter``'s trainer has not trained, of each of the newest
+    ``sessions`` sessions that adapter served, newest first: an owner's adapter is judged on that owner's own
+    conversations, never on anyone else's."""
     items: list[EvalItem] = []
     seen: set[str] = set()
-    for turn in store.latest_turns(sessions * _CANDIDATES_PER_SESSION, not_done_by=TRAINER_CONSUMER):
+    limit = sessions * _CANDIDATES_PER_SESSION
+    for turn in store.latest_turns(limit, not_done_by=trainer_consumer(adapter), adapter=adapter):
         if turn.session_id in seen or not turn.messages:
             continue
         seen.add(turn.session_id)
@@ -105,8 +107,11 @@ class PromotionGate:
         options: EvalOptions | None = None,
         evaluate: bool = True,
         guard: CollapseGuard | None = None,
+        adapter: str = SHARED_ADAPTER,
     ) -> None:
+        """``backend`` is the backend as ``adapter`` sees it (its versions are that adapter's own)."""
         require_gate_support(backend)
+        self.adapter = adapter
         self.evaluate = evaluate  # the win-rate evaluation (train.promotion_gate); without it only the guard runs
         self.guard = guard
         self.store = store
@@ -183,7 +188,7 @@ class PromotionGate:
         started = time.time()
         decision = GateDecision(candidate=candidate, served=served, promoted=False, reason="", threshold=self.threshold)
         try:
-            items = held_out_items(self.store, self.sessions)
+            items = held_out_items(self.store, self.sessions, self.adapter)
             if not items:
                 decision.reason = "no held-out sessions to evaluate on yet"
             else:
@@ -245,9 +250,12 @@ class PromotionGate:
         }
 
 
-def make_publisher(store: Store, backend: Backend, judge: JudgeClient, settings: Settings) -> PromotionGate | None:
-    """The gate a trainer publishes through: the collapse guard and/or the win-rate evaluation as configured, or
-    None for a plain ``backend.publish`` (neither is on, or only the guard is and the backend cannot stage)."""
+def make_publisher(
+    store: Store, backend: Backend, judge: JudgeClient, settings: Settings, *, adapter: str = SHARED_ADAPTER
+) -> PromotionGate | None:
+    """The gate ``adapter``'s trainer publishes through (``backend`` as that adapter sees it): the collapse guard
+    and/or the win-rate evaluation as configured, or None for a plain ``backend.publish`` (neither is on, or only
+    the guard is and the backend cannot stage)."""
     train = settings.train
     if not (train.promotion_gate or train.collapse_guard):
         return None
@@ -255,4 +263,4 @@ def make_publisher(store: Store, backend: Backend, judge: JudgeClient, settings:
         log.warning("backend %r cannot stage versions: the collapse guard is off", backend.name)
         return None
     guard = CollapseGuard(backend, settings) if train.collapse_guard else None
-    return PromotionGate(store, backend, judge, settings, evaluate=train.promotion_gate, guard=guard)
+    return PromotionGate(store, backend, judge, settings, evaluate=train.promotion_gate, guard=guard, adapter=adapter)

@@ -56,10 +56,11 @@ class TrainerPool:
         settings: Settings,
         *,
         poll_s: float = 0.5,
-        gate_for: Callable[[Backend], Gate | None] | None = None,
+        gate_for: Callable[[Backend, str], Gate | None] | None = None,
     ) -> None:
         """``gate_for``: the publisher (collapse guard, promotion gate: learn.promotion.make_publisher) each
-        adapter's loop publishes through, made for the backend as that adapter sees it; None: plain publish."""
+        adapter's loop publishes through, made for the backend as that adapter sees it and the adapter's name;
+        None: plain publish."""
         self.store = store
         self.backend = backend
         self.settings = settings
@@ -76,7 +77,7 @@ class TrainerPool:
     # -- each adapter publishes through its own gate -----------------------------------------------------------------
 
     def _with_gate(self, loop: TrainerLoop) -> TrainerLoop:
-        gate = self._gate_for(loop.backend) if self._gate_for is not None else None
+        gate = self._gate_for(loop.backend, loop.adapter) if self._gate_for is not None else None
         self.gates[loop.adapter] = gate
         if gate is not None:
             loop.publisher = gate.publish

@@ -22,6 +22,7 @@ from openclaw_cli.store.records import (
     session_from_row,
     turn_from_row,
 )
+from openclaw_cli.store.schema import TURN_ADAPTER
 from openclaw_cli.store.tracking import TrackingLedger
 
 
@@ -98,13 +99,19 @@ class Store(LessonLedger, TrackingLedger, StepLedger):
         rows = self._read("SELECT MIN(created_at) FROM turns WHERE status = ? AND turn_type = ?", (status, turn_type))
         return rows[0][0]
 
-    def latest_turns(self, limit: int, *, turn_type: str = "main", not_done_by: str | None = None) -> list[TurnRecord]:
+    def latest_turns(
+        self, limit: int, *, turn_type: str = "main", not_done_by: str | None = None, adapter: str | None = None
+    ) -> list[TurnRecord]:
         """The newest ``limit`` turns of a type, newest first; ``not_done_by`` skips turns that consumer completed
-        (e.g. the promotion gate's held-out set: turns the trainer has not trained on)."""
+        (e.g. the promotion gate's held-out set: turns the trainer has not trained on); ``adapter`` keeps the turns
+        that adapter served only."""
         if limit < 1:
             return []
         where = "t.turn_type = ?"
         params: list[Any] = [turn_type]
+        if adapter is not None:
+            where += f" AND {TURN_ADAPTER} = ?"
+            params.append(adapter)
         if not_done_by is not None:
             where += (
                 " AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.consumer = ? AND c.turn_id = t.id "
