@@ -234,6 +234,48 @@ def test_a_failing_tracker_is_logged_once_and_never_holds_back_the_others(
     assert any("mlflow works again" in r.getMessage() for r in caplog.records)
 
 
+def test_each_owners_adapter_is_reported_under_its_own_prefix_on_one_growing_step_axis(tmp_path: Path) -> None:
+    """Adapters per owner: every adapter's steps reach the trackers, an owner's under its directory name (an owner
+    id, never a key), on a step axis that grows whichever adapter stepped; an evaluation lands after the steps
+    before it; each adapter's cursor is its own, so nothing is sent twice."""
+    from openclaw_cli.lesson_prompt import key_owner
+    from openclaw_cli.tracking.hub import StoreRows
+
+    alice = key_owner("sk-alice-0123456789")
+    settings = settings_for(tmp_path, ["tensorboard"])
+    fake = FakeTracker("tensorboard")
+    with Store(settings.store.path) as store:
+        store.record_step(1, 1, step_row(1), now=10.0)
+        store.record_step(1, 1, step_row(1), adapter=alice, now=11.0)
+        store.record_step(2, 2, step_row(2), adapter=alice, now=12.0)
+        store.record_evaluation({"win_rate_b": 0.75, "n": 4}, now=12.5)
+        store.record_step(2, 2, step_row(2), now=13.0)
+        run = store_run(store, settings)
+        hub = TrackerHub(["tensorboard"], run, {}, StoreRows(store, run.id), interval_s=0.01, make=lambda _: fake)
+        hub.start()
+        assert hub.stop(10)
+        cursors = store.tracker_state(f"sent:tensorboard:{run.id}")
+    prefix = "key-" + alice[4:]
+
+    def whose(scalars: dict[str, float]) -> str:
+        if all(name.startswith("eval/") for name in scalars):
+            return "eval"
+        if all(name.startswith(prefix + "/") for name in scalars):
+            return "alice"
+        return "shared" if not any(name.startswith(prefix) for name in scalars) else "mixed"
+
+    assert [(step, whose(scalars)) for step, scalars in fake.logged] == [
+        (1, "shared"),
+        (2, "alice"),
+        (3, "alice"),
+        (3, "eval"),
+        (4, "shared"),
+    ]
+    assert fake.logged[1][1][f"{prefix}/train/loss"] == pytest.approx(0.5)
+    assert "sk-alice" not in repr(fake.logged)
+    assert cursors == {"step": 2, f"step@{alice}": 2, "eval": 1}
+
+
 def test_a_missing_tracker_library_names_the_extra_to_install(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

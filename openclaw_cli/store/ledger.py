@@ -99,12 +99,9 @@ class StepLedger(HandoffQueue):
                 (adapter, step, version, time.time() if now is None else now, dumps_json(metrics)),
             )
 
-    def last_step_at(self, when: float, adapter: str = SHARED_ADAPTER) -> int:
-        """The last step of ``adapter`` recorded at or before ``when`` (0 when none was)."""
-        rows = self._read(
-            "SELECT IFNULL(MAX(step), 0) FROM steps WHERE adapter = ? AND created_at <= ?", (adapter, when)
-        )
-        return int(rows[0][0])
+    def steps_taken(self, when: float) -> int:
+        """Steps recorded at or before ``when`` by every adapter together (the trackers' step axis)."""
+        return int(self._read("SELECT COUNT(*) FROM steps WHERE created_at <= ?", (when,))[0][0])
 
     def steps(
         self, *, after: int | None = None, adapter: str = SHARED_ADAPTER

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from openclaw_cli.adapters import SHARED_ADAPTER, adapter_dirname
 from openclaw_cli.tracking.scalars import eval_scalars, step_scalars
 from openclaw_cli.tracking.trackers import TRACKER_TYPES, RunInfo, Tracker
 
@@ -44,18 +45,28 @@ class RowSource(Protocol):
 
 
 class StoreRows:
-    """Rows from the store's ``steps`` and ``evaluations`` tables; cursors kept in the store per tracker and run."""
+    """Rows from the store's ``steps`` and ``evaluations`` tables; cursors kept in the store per tracker and run.
+
+    Every adapter's steps are reported (:mod:`openclaw_cli.adapters`): the shared adapter's under the metric names
+    of :data:`~openclaw_cli.tracking.scalars.STEP_METRICS`, an owner's or group's under the same names prefixed with
+    its directory name (``key-3f2a…/train/loss``: an owner id, never a key), so a tracker shows a section per owner.
+    The tracker's step is the count of steps taken so far by all adapters together (one adapter alone: its own step
+    number), which keeps growing as every tracker needs, whichever adapter stepped.
+    """
 
     def __init__(self, store: Store, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
 
     def rows_after(self, sent: dict[str, int]) -> list[Row]:
-        steps = self.store.steps(after=sent.get("step", 0))
-        rows = [Row("step", s, s, t, step_scalars(v, m)) for s, v, t, m in steps]
+        rows = []
+        for adapter in self.store.trained_adapters():
+            stream = step_stream(adapter)
+            for s, v, t, m in self.store.steps(after=sent.get(stream, 0), adapter=adapter):
+                rows.append(Row(stream, s, self.store.steps_taken(t), t, adapter_scalars(adapter, step_scalars(v, m))))
         # An evaluation is logged at the last step recorded before it ran.
         for eval_id, at, report in self.store.evaluations(after=sent.get("eval", 0)):
-            rows.append(Row("eval", eval_id, self.store.last_step_at(at), at, eval_scalars(report)))
+            rows.append(Row("eval", eval_id, self.store.steps_taken(at), at, eval_scalars(report)))
         # In step order, an evaluation after the step it followed: W&B drops a row logged at an earlier step.
         return sorted(rows, key=lambda row: (row.step, row.stream == "eval"))
 
@@ -64,6 +75,19 @@ class StoreRows:
 
     def mark_sent(self, tracker: str, sent: dict[str, int]) -> None:
         self.store.set_tracker_state(f"sent:{tracker}:{self.run_id}", sent)
+
+
+def step_stream(adapter: str) -> str:
+    """The cursor name of ``adapter``'s steps: ``step`` for the shared adapter (as before adapters per owner)."""
+    return "step" if adapter == SHARED_ADAPTER else f"step@{adapter}"
+
+
+def adapter_scalars(adapter: str, scalars: dict[str, float]) -> dict[str, float]:
+    """``scalars`` under ``adapter``'s prefix (none for the shared adapter)."""
+    if adapter == SHARED_ADAPTER:
+        return scalars
+    prefix = adapter_dirname(adapter)
+    return {f"{prefix}/{name}": value for name, value in scalars.items()}
 
 
 class PushedRows:
