@@ -270,11 +270,12 @@ def require_adapter_support(backend: Backend, settings: Settings) -> None:
     that the backend or another setting cannot give them: never a silently shared adapter."""
     if not separate_adapters(settings):
         return
-    fix = "or set lora.scope = 'shared' for one adapter everyone shares"
     if not supports_adapters(backend):
+        # A backend may say why it cannot here (e.g. a hot-reload Fireworks deployment holds one LoRA).
+        why = getattr(backend, "no_adapters_because", None) or f"the {backend.name} backend keeps one adapter"
         raise BackendError(
-            f"lora.scope = 'owner' with several owners: the {backend.name} backend keeps one adapter for everyone "
-            f"(an adapter per owner is built for the local backend so far); use --backend local, {fix}"
+            f"lora.scope = 'owner' with several owners: {why}; set lora.scope = 'shared' for one adapter everyone "
+            "shares"
         )
 
 

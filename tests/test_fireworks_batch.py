@@ -244,6 +244,86 @@ async def test_trainer_loop_trains_in_batches_and_a_restart_resumes_the_chain(
         store.close()
 
 
+# -- an adapter per owner -------------------------------------------------------------------------------------------
+
+
+async def test_each_owner_gets_an_sft_chain_and_loras_of_their_own_on_one_multi_lora_deployment(
+    double: FireworksDouble, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """lora.scope = owner in batch mode: alice's judged replies become alice's SFT jobs (her first from the base
+    model, her next warm-started from her own LoRA), served to her alone by its model name on the shared deployment;
+    bob's first job starts from the base model, never from hers; each keeps its own versions; her queue and state
+    live in her adapter's directory; a restart serves her LoRA to her again from her checkpoint."""
+    from pydantic import SecretStr
+
+    from openclaw_cli.adapters import adapter_state_dir
+    from openclaw_cli.launch import require_adapter_support
+    from openclaw_cli.lesson_prompt import key_owner
+
+    alice_key, bob_key = "sk-alice-0123456789", "sk-bob-0123456789"
+    alice, bob = key_owner(alice_key), key_owner(bob_key)
+    double.add_deployment("owners")
+    settings = double_settings(double, tiny_model_dir, tmp_path, deployment="owners", sft_learning_rate=LR)
+    settings = settings.model_copy(update={"api_key": SecretStr(alice_key), "api_keys": [SecretStr(bob_key)]})
+    backend = await started(settings)
+    try:
+        require_adapter_support(backend, settings)  # a multi-LoRA deployment serves owners apart
+        hers, his = backend.adapter(alice), backend.adapter(bob)
+
+        async def one_job(view: Any, words: list[str]) -> Any:
+            datums = await judged_datums(view, words)
+            await view.forward_backward(datums, "ppo")
+            assert (await view.optim_step(AdamParams(learning_rate=1e-4))).metrics["job_ran"] == 1.0
+            return await view.publish()
+
+        assert (await one_job(hers, ["Hello!", "What is 2 + 3?", "Name a capital city."])).version == 1
+        first_job = double.jobs[job_id_of_view(hers)].body
+        assert first_job["baseModel"] == BASE_MODEL and "warmStartFrom" not in first_job
+        her_first = hers.sampler.versions.current().lora_model
+        assert (his.current_version().version, backend.current_version().version) == (0, 0)
+        prompt = backend.tokenizer().render([{"role": "user", "content": "hi"}])
+        before = len(double.completion_bodies)
+        assert (await hers.sample(prompt, SamplingParams(max_tokens=2))).version == 1
+        assert (await his.sample(prompt, SamplingParams(max_tokens=2))).version == 0
+        her_request, his_request = (b["model"] for b in double.completion_bodies[before:])
+        assert her_request.startswith(her_first + "#") and his_request.startswith(BASE_MODEL + "#")
+
+        assert (await one_job(his, ["Tell me a joke.", "What is 4 + 4?", "Name a river."])).version == 1
+        his_job = double.jobs[job_id_of_view(his)].body
+        assert his_job["baseModel"] == BASE_MODEL and "warmStartFrom" not in his_job  # never from alice's LoRA
+        assert (await one_job(hers, ["Good morning!", "What is 1 + 1?", "Name a colour."])).version == 2
+        assert double.jobs[job_id_of_view(hers)].body["warmStartFrom"] == her_first
+        assert his.current_version().version == 1 and hers.servable_versions() == [0, 1, 2]
+        files = adapter_state_dir(settings, alice) / "fireworks"
+        assert (files / "batch-state.json").is_file() and (files / "pending.jsonl").is_file()
+        checkpoint = await hers.save_state("step-00000002")
+        assert Path(checkpoint).parent == adapter_state_dir(settings, alice)
+        her_lora = hers.sampler.versions.current().lora_model
+    finally:
+        await backend.close()
+
+    again = await started(settings)
+    try:
+        hers = again.adapter(alice)
+        assert hers.current_version().version == 0  # served again once her loop resumes from her checkpoint
+        assert (await hers.load_state(checkpoint)).version == 2
+        assert hers.sampler.versions.current().lora_model == her_lora
+        assert again.adapter(bob).current_version().version == 0 and again.current_version().version == 0
+    finally:
+        await again.close()
+
+    hot = double_settings(double, tiny_model_dir, tmp_path, deployment="owners-hot", addon_mode="hot_reload")
+    hot = hot.model_copy(update={"api_key": SecretStr(alice_key), "api_keys": [SecretStr(bob_key)]})
+    with pytest.raises(
+        BackendError, match=r"hot-reload Fireworks deployment holds one LoRA for everyone.*'multi_lora'"
+    ):
+        require_adapter_support(FireworksBackend(hot), hot)
+
+
+def job_id_of_view(view: FireworksBatchBackend) -> str:
+    return view.sampler.versions.current().lora_model.rsplit("/", 1)[-1]
+
+
 # -- failures and caps ----------------------------------------------------------------------------------------------
 
 

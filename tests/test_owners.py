@@ -281,9 +281,13 @@ def test_a_backend_without_adapters_is_refused_at_launch(name: str) -> None:
     from openclaw_cli.backend import create_backend
     from openclaw_cli.launch import require_adapter_support
 
-    owners = Settings(backend=name, api_key=ALICE, api_keys=[BOB], fireworks={"mode": "batch"})
-    with pytest.raises(BackendError, match=f"the {name} backend keeps one adapter for everyone.*lora.scope = 'shared'"):
+    hot_reload = {"mode": "batch", "addon_mode": "hot_reload"}
+    owners = Settings(backend=name, api_key=ALICE, api_keys=[BOB], fireworks=hot_reload)
+    with pytest.raises(BackendError, match=r"hot-reload Fireworks deployment holds one LoRA.*lora.scope = 'shared'"):
         require_adapter_support(create_backend(owners), owners)
+    for mode in ({"mode": "batch"}, {"mode": "stepwise"}):  # multi-LoRA batch mode and step-wise serve owners apart
+        serves = Settings(backend=name, api_key=ALICE, api_keys=[BOB], fireworks=mode)
+        require_adapter_support(create_backend(serves), serves)
     for fine in (
         Settings(backend=name, api_key=ALICE),
         owners.model_copy(update={"lora": LoraSettings(scope="shared")}),
@@ -523,6 +527,11 @@ def test_forget_owner_erases_their_turns_lessons_and_adapter(tmp_path: Path) -> 
         assert all(store.get_turn(t) is None for t in hers) and all(store.get_turn(t) for t in his)
         assert store.lessons(owner=alice) == [] and store.steps(adapter=alice) == []
         assert store.adapters_since(0)[1] == [bob]
+    on_tinker = ["--config", str(config), "forget-owner", bob, "--set", "backend=tinker"]
+    declined = CliRunner().invoke(app, on_tinker, input="n\n")  # asked first; "no" deletes nothing
+    assert declined.exit_code == 1 and "what the tinker service keeps of this adapter" in declined.output
+    with Store(tmp_path / "store.sqlite3") as store:
+        assert all(store.get_turn(t) for t in his)
     shared = CliRunner().invoke(
         app, ["--config", str(config), "forget-owner", bob, "--yes", "--set", "lora.scope=shared"]
     )

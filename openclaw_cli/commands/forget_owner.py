@@ -9,7 +9,8 @@ server holds the adapter's versions in memory.
 
 What it cannot undo is said before anything is deleted: where the owner shared an adapter (a group, or the shared
 adapter), that adapter keeps what it learned from them (roll it back to a version from before, or retrain it);
-copies outside this store (``openclaw export`` files, experiment-tracker runs, backups) are not touched.
+copies outside this store (``openclaw export`` files, experiment-tracker runs, backups) and what a cloud backend keeps
+in the user's account (Tinker training runs, Fireworks LoRA models) are not touched.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def forget_owner_command(
         typer.echo(
             f"  not undone: {shared} keeps what it learned from this owner (roll it back to a version from before "
             "their conversations, or retrain it)"
+        )
+    if own_adapter and settings.backend != "local":
+        typer.echo(
+            f"  not undone: what the {settings.backend} service keeps of this adapter (its training runs, LoRA "
+            "models and checkpoints there): delete those in your account"
         )
     typer.echo("  not undone: copies outside this store (export files, tracker runs, backups)")
     if not yes and not typer.confirm("delete for good?", default=False):

@@ -71,18 +71,22 @@ class FireworksBackend(DelegatingBackend):
     @property
     def serves_adapters(self) -> bool:
         """Whether this mode trains an adapter per owner (openclaw_cli.backend.supports_adapters reads it): step-wise
-        mode does, as the Tinker backend does; batch mode keeps one LoRA on its deployment."""
-        return self.mode == "stepwise"
+        mode does, a training run per owner as the Tinker backend does; batch mode does on a multi-LoRA deployment
+        (an SFT chain and LoRAs per owner), not on a hot-reload one (it holds one LoRA)."""
+        return self.mode == "stepwise" or self.settings.fireworks.addon_mode == "multi_lora"
+
+    @property
+    def no_adapters_because(self) -> str | None:
+        """Why this mode cannot serve owners apart (None when it can), for the error at start."""
+        if self.serves_adapters:
+            return None
+        return "a hot-reload Fireworks deployment holds one LoRA for everyone (use fireworks.addon_mode = 'multi_lora')"
 
     def adapter(self, name: str) -> Backend:
         if name == SHARED_ADAPTER:
             return self
         if not self.serves_adapters:
-            raise BackendError(
-                "Fireworks batch mode keeps one LoRA for everyone; set lora.scope = 'shared' or fireworks.mode = "
-                "'stepwise'",
-                status_code=501,
-            )
+            raise BackendError(f"{self.no_adapters_because}, or set lora.scope = 'shared'", status_code=501)
         return adapter_backend(self.delegate(), name)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------

@@ -38,6 +38,14 @@ datum whose prompt it does not know (rendered before a restart) is skipped and c
 decoded completion, split into content / tool calls / reasoning by the model's parser; earlier assistant turns get
 ``weight: 0`` so only the judged reply is trained.
 
+**An adapter per owner** (``lora.scope = owner``; :meth:`FireworksBatchBackend.adapter`). Each owner gets a view
+of this backend with its own queue of SFT rows, its own warm-start chain of LoRAs (its first job starts from the
+base model) and its own served versions, all on the one multi-LoRA deployment: an owner's request names that owner's
+LoRA, and each owner keeps its newest ``fireworks.keep_versions`` LoRAs loaded, so the deployment holds at most
+owners x keep_versions addons. A view's files (queue and state, which hold that owner's conversations) live under the
+owner's adapter directory (``local.state_dir/adapters/<name>/fireworks``), which ``openclaw forget-owner`` deletes.
+A hot-reload deployment holds one LoRA, so it cannot serve owners apart: refused at start.
+
 **State.** ``fireworks.state_dir/batch-state.json`` holds the warm-start chain and the serving LoRA after every job
 and publish, so a restart continues from the newest model; ``save_state`` writes the same snapshot as a checkpoint
 for the trainer loop, and ``load_state`` of an older snapshot keeps the newer model.
@@ -47,7 +55,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -62,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from openclaw_cli.adapters import SHARED_ADAPTER, adapter_state_dir
 from openclaw_cli.backend import BackendError
 from openclaw_cli.backends.fireworks.control import (
     DeploymentSpec,
@@ -255,9 +266,12 @@ class FireworksBatchBackend(ServesFromSampler):
         self._jobs_done = 0
         self._last_model: str | None = None  # the newest trained LoRA: the next job warm-starts from it
         self._run = time.strftime("%y%m%d%H%M%S") + secrets.token_hex(2)
-        self._attempts = 0
+        self._attempts = itertools.count(1)  # shared with every owner's view: job ids stay unique in the run
         self._train_lock = asyncio.Lock()
         self._lineage = 0  # bumped by a rollback that moves training: a job started before it is abandoned
+        self._adapter = SHARED_ADAPTER
+        self._views: dict[str, FireworksBatchBackend] = {}
+        self._unrestored: dict[str, Any] | None = None  # a view's saved state, served again when its loop resumes
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -371,6 +385,43 @@ class FireworksBatchBackend(ServesFromSampler):
     @property
     def hot_reload(self) -> bool:
         return self.fw.addon_mode == "hot_reload"
+
+    # -- an adapter per owner ---------------------------------------------------------------------------------------
+
+    @property
+    def serves_adapters(self) -> bool:
+        """A multi-LoRA deployment serves each owner's LoRA by name; a hot-reload one holds a single LoRA."""
+        return not self.hot_reload
+
+    def adapter(self, name: str) -> FireworksBatchBackend:
+        """This backend as adapter ``name`` sees it: its own SFT queue, warm-start chain and served versions on the
+        shared deployment (see the module docstring); call after :meth:`start`."""
+        if name == self._adapter:
+            return self
+        sampler = self._require_sampler()
+        if not self.serves_adapters:
+            raise BackendError(
+                "a hot-reload Fireworks deployment holds one LoRA for everyone; an adapter per owner needs "
+                "fireworks.addon_mode = 'multi_lora', or set lora.scope = 'shared'",
+                status_code=501,
+            )
+        view = self._views.get(name)
+        if view is None:
+            view = copy.copy(self)  # shares the clients, control, tokenizer, deployment and job counter
+            view._adapter = name
+            view.state_dir = adapter_state_dir(self.settings, name) / "fireworks"
+            view.state_dir.mkdir(parents=True, exist_ok=True)
+            view._views = {}
+            view._train_lock = asyncio.Lock()
+            view._lineage, view._jobs_done, view._last_model, view._ready = 0, 0, None, None
+            base = sampler.versions.base()
+            view.sampler = dataclasses.replace(
+                sampler, versions=ServedVersions(base, keep=self.fw.keep_versions, exclusive=False)
+            )
+            view._pending = view._read_pending()
+            view._unrestored = view._read_json(view.state_dir / BATCH_STATE_FILE)
+            self._views[name] = view
+        return view
 
     # -- serving --------------------------------------------------------------------------------------------------
 
@@ -489,8 +540,7 @@ class FireworksBatchBackend(ServesFromSampler):
         self, control: FireworksControl, rows: list[dict[str, Any]], learning_rate: float
     ) -> _ReadyModel:
         fw = self.fw
-        self._attempts += 1
-        job_id = f"oc-{self._run}-{self._attempts}"
+        job_id = f"oc-{self._run}-{next(self._attempts)}"
         dataset = control.upload_dataset(job_id, rows, timeout_s=fw.deploy_timeout_s)
         output_model = control.name("models", job_id)
         control.start_sft_job(
@@ -606,7 +656,7 @@ class FireworksBatchBackend(ServesFromSampler):
     async def save_state(self, name: str) -> str:
         if not _STATE_NAME.match(name):
             raise BackendError(f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-' (max 128)")
-        target = Path(self.settings.local.state_dir).expanduser().resolve() / name
+        target = adapter_state_dir(self.settings, self._adapter) / name
         snapshot = self.snapshot()
 
         def write() -> None:
@@ -620,6 +670,9 @@ class FireworksBatchBackend(ServesFromSampler):
         state = self._read_json(Path(path).expanduser() / STATE_FILE)
         if state is None or state.get("backend") != "fireworks":
             raise BackendError(f"{path} is not a Fireworks checkpoint (no readable {STATE_FILE})")
+        newest, self._unrestored = self._unrestored, None
+        if newest and int(newest.get("jobs_done", 0)) > int(state.get("jobs_done", 0)):
+            path, state = str(self.state_dir / BATCH_STATE_FILE), newest  # a job finished after that checkpoint
         if int(state.get("jobs_done", 0)) < self._jobs_done:
             log.info("checkpoint %s predates the newest trained model; keeping %s", path, self._last_model)
             return self.current_version()

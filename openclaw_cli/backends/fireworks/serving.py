@@ -96,6 +96,10 @@ class ServedVersions:
     def current(self) -> ServedModel:
         return self._current
 
+    def base(self) -> ServedModel:
+        """The base model (version 0)."""
+        return self._base
+
     def servable(self) -> list[int]:
         with self._lock:
             if self._exclusive and self._published:
