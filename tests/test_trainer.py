@@ -86,6 +86,16 @@ def test_untrained_trainer_matches_base_model_logprobs(base_model: nn.Module) ->
     assert result.metrics["n_tokens"] == completion_tokens
 
 
+def test_making_the_trainer_prints_no_library_deprecation_warning(base_model: nn.Module) -> None:
+    """PEFT's FutureWarning about transformers' own `is_gradient_checkpointing` stays out of the launch log."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        LoraTrainer(base_model, LORA)
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
+
+
 def test_base_model_tree_is_untouched_and_weights_are_shared(base_model: nn.Module) -> None:
     rng_before = torch.get_rng_state()
     trainer = LoraTrainer(base_model, LoraSettings(rank=4, alpha=8, dropout=0.2))

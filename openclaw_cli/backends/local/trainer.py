@@ -15,6 +15,7 @@ import copy
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,8 +155,13 @@ class LoraTrainer:
         )
         # PEFT creates and initialises A on the CPU with the global generator; fork it so the seed decides the
         # init without changing anyone else's random stream.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             torch.random.default_generator.manual_seed(seed)
+            # PEFT reads transformers' deprecated `is_gradient_checkpointing` here: a FutureWarning about their
+            # internals that says nothing to a user, printed in every launch log. Ours stay.
+            warnings.filterwarnings(
+                "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
             self.peft_model: PeftModel = get_peft_model(self._model, config)
 
         self._lora_layers = self._collect_lora_layers()
