@@ -858,7 +858,7 @@ def _as_text(value: Any) -> str:
 def _masked_mapping(value: dict[str, Any], leaf: Callable[[Any], Any] = lambda item: item) -> dict[str, Any]:
     """A free-form section (plugins) as shown, ``leaf`` applied to each value: a value under a secret-looking key
     never appears."""
-    from openclaw_cli.capture.secrets_scrub import is_secret_name
+    from openclaw_cli.secrets_scrub import is_secret_name
 
     return {
         key: _masked_mapping(item, leaf)

@@ -20,7 +20,7 @@ TurnType = Literal["main", "side"]
 @dataclass
 class CapturedExchange:
     api: ApiKind
-    headers: dict[str, str]  # lower-cased names, secrets already removed (openclaw_cli.capture.secrets_scrub)
+    headers: dict[str, str]  # lower-cased names, secrets already removed (openclaw_cli.secrets_scrub)
     request: dict[str, Any]  # the JSON body as the client sent it
     messages: list[Message]  # the conversation in OpenAI chat format (system first if any), tools excluded
     tools: list[dict[str, Any]] | None  # OpenAI-format tool definitions offered to the model

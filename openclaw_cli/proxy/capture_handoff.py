@@ -9,7 +9,7 @@ Rules:
   ``finish_reason`` "aborted", so it is visible (status counts it under ``capture.aborted``) but never trained,
   since the policy did not finish that reply. A non-streamed reply the client stopped waiting for records nothing.
 - Rejected requests (4xx) and backend failures record nothing.
-- Headers pass through :func:`~openclaw_cli.capture.secrets_scrub.scrub_headers`, so credentials never reach the store.
+- Headers pass through :func:`~openclaw_cli.secrets_scrub.scrub_headers`, so credentials never reach the store.
 - A capture failure or a slow store is logged and never breaks or stalls the reply beyond ``capture_timeout_s``.
 - Opt-out: a request with ``X-OpenClaw-Opt-Out: 1`` (or true/yes/on) is served normally and never handed to the
   sink: nothing of it is stored, so it is never judged, trained on or exported. The header works per request;
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openclaw_cli.capture import CapturedExchange, CaptureSink, RecordedTurn
-from openclaw_cli.capture.secrets_scrub import scrub_headers
+from openclaw_cli.secrets_scrub import scrub_headers
 from openclaw_cli.lesson_prompt import describe
 from openclaw_cli.proxy.api_call import ApiCall
 from openclaw_cli.types import Message, SampleResult, TokenChunk

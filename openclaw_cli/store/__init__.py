@@ -26,7 +26,7 @@ step's row and the completion of every turn it consumed in one transaction; :met
 undoes steps whose weights never reached a checkpoint, reopening their turns (see ``openclaw_cli.learn.trainer_loop``).
 """
 
-from openclaw_cli.capture.secrets_scrub import scrub_secrets
+from openclaw_cli.secrets_scrub import scrub_secrets
 from openclaw_cli.store.codec import pack_floats, pack_ints, unpack_floats, unpack_ints
 from openclaw_cli.store.database import Store
 from openclaw_cli.store.records import NewTurn, PrefixMatch, PurgeResult, SessionRecord, TurnRecord

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openclaw_cli.adapters import SHARED_ADAPTER
-from openclaw_cli.capture.secrets_scrub import scrub_secrets
+from openclaw_cli.secrets_scrub import scrub_secrets
 from openclaw_cli.store.codec import dumps_json
 from openclaw_cli.store.records import (
     SESSION_COLUMNS,
