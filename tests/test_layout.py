@@ -64,3 +64,50 @@ def test_the_ground_floor_imports_nothing_above_it(module: str) -> None:
     ground = {f"openclaw_cli.{name}" for name in GROUND}
     above = [m for m in _imports(PACKAGE / f"{module}.py") if m.startswith("openclaw_cli") and m not in ground]
     assert above == []
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Modules imported at module level (``if TYPE_CHECKING`` blocks included; imports inside functions are not)."""
+    found: set[str] = set()
+    statements = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.If):
+            statements.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import circles between the package's modules (a circle means two modules that are really one, or a shared
+    piece that wants a module of its own)."""
+    modules = {
+        ".".join(("openclaw_cli", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+        for path in PACKAGE.rglob("*.py")
+        if "testing" not in path.parts
+    }
+    # A module's own parent packages are imported before it anyway: an edge to one is no circle of ours.
+    graph = {
+        name: {m for m in _module_level_imports(path) if m in modules and not name.startswith(m + ".")}
+        for name, path in modules.items()
+    }
+    circles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert circles == []

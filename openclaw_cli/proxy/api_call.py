@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from starlette.requests import Request
 
@@ -17,10 +17,8 @@ from openclaw_cli.capture import ApiKind
 from openclaw_cli.proxy.completion import PreparedPrompt, SamplingRequest
 from openclaw_cli.proxy.constraints import ReplyConstraints
 from openclaw_cli.proxy.models import ResolvedModel
+from openclaw_cli.proxy.state import ProxyState
 from openclaw_cli.types import Message
-
-if TYPE_CHECKING:  # state imports capture_handoff, which takes ApiCalls
-    from openclaw_cli.proxy.state import ProxyState
 
 
 @dataclass(kw_only=True)

@@ -23,7 +23,7 @@ from openclaw_cli.capture import CaptureSink
 from openclaw_cli.lesson_prompt import LessonBook
 from openclaw_cli.proxy import anthropic_api, lesson_routes, openai_api, responses_api
 from openclaw_cli.proxy.auth import ApiKeyMiddleware, check_bind
-from openclaw_cli.proxy.capture_handoff import CaptureRecorder
+from openclaw_cli.proxy.capture_recorder import CaptureRecorder
 from openclaw_cli.proxy.completion import output_cap, template_drops_tools
 from openclaw_cli.proxy.control import read_section, version_control_routes, version_status
 from openclaw_cli.proxy.errors import (

@@ -13,17 +13,15 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import Backend, BackendError, ChatTokenizer
 from openclaw_cli.lesson_prompt import LOCAL_OWNER, ActiveLesson
 from openclaw_cli.proxy.errors import UNAVAILABLE_ERRORS, ProxyError, from_backend_exception
+from openclaw_cli.proxy.state import BackendHealth
 from openclaw_cli.tokenizer import THINK_OPEN, ChatTemplateError
 from openclaw_cli.types import Message, ParsedAssistant, SampleResult, SamplingParams, StreamEvent, ToolCall
-
-if TYPE_CHECKING:
-    from openclaw_cli.proxy.state import BackendHealth
 
 
 @dataclass

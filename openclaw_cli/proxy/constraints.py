@@ -35,18 +35,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+import jsonschema
 
 from openclaw_cli.backend import Backend, ChatTokenizer, SupportsConstrainedDecoding
 from openclaw_cli.proxy.completion import PreparedPrompt, sample_with_params, split_completion
 from openclaw_cli.proxy.errors import ProxyError
+from openclaw_cli.proxy.state import BackendHealth
 from openclaw_cli.structured_output import json_form, tool_call_form
 from openclaw_cli.types import OutputConstraint, ParsedAssistant, SampleResult, SamplingParams, ToolCall
-
-if TYPE_CHECKING:
-    from openclaw_cli.proxy.state import BackendHealth
-
-import jsonschema
 
 JsonKind = Literal["object", "schema"]
 _INT64_SPAN = 2**64

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from openclaw_cli.backend import Backend, BackendError, adapter_backend
 from openclaw_cli.capture import CaptureSink
 from openclaw_cli.lesson_prompt import LessonBook
-from openclaw_cli.proxy.capture_handoff import CaptureRecorder
+from openclaw_cli.proxy.capture_recorder import CaptureRecorder
 from openclaw_cli.proxy.models import ModelCatalog
 from openclaw_cli.proxy.response_store import StoredResponses
 from openclaw_cli.settings import Settings
