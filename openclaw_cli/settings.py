@@ -168,7 +168,8 @@ class TrainSettings(_Section):
         description="How a step averages the per-token loss: sample = per-sample token mean, then the mean over "
         "samples; token = over all trained tokens of the batch (a long reply's tokens weigh as much as a short "
         "one's). sample by default: the 20-minute bench/learning.py run with token (and next_state_hints = "
-        "unhappy) measured worse (held-out 15/34/15% shorter on 3 seeds against 26/32/36%); see docs/learning.md.",
+        "unhappy) measured worse (held-out 15/34/15% shorter on 3 seeds against 26/32/36%); see "
+        "docs/learning-history.md.",
     )
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)
@@ -204,21 +205,22 @@ class TrainSettings(_Section):
         description="Hindsight demonstrations (opd / combined): for a hinted turn (see demo_for), the base "
         "model's reply to the conversation with the hint is trained as a reply without it, with this advantage on "
         "every token (0 = off); under Adam it sets the demonstrations' share of a step, not its size (0.5 and 2.0 "
-        "measured no better than 1.0). See openclaw_cli/learn/hindsight_demos.py; measured in docs/learning.md.",
+        "measured no better than 1.0). See openclaw_cli/learn/hindsight_demos.py; measured in "
+        "docs/learning-history.md.",
     )
     demo_for: Literal["every", "unapproved"] = Field(
         "every",
         description="Which hinted turns get a hindsight demonstration: every = each one (a demonstration that would "
         "not be usable is dropped all the same); unapproved = only where the judge's score is <= 0. every by default: "
         "SmolLM2 judging itself approved 5 of 31 of the brevity user's 'far too long' corrections (and scored none "
-        "below 0), so unapproved lost those turns' demonstrations; see docs/learning.md.",
+        "below 0), so unapproved lost those turns' demonstrations; see docs/learning-history.md.",
     )
     demo_replay: int = Field(
         2,
         ge=0,
         le=16,
         description="Later steps each hindsight demonstration is trained again in, rescored by the current policy "
-        "(0 = once). See DemoReplay in openclaw_cli/learn/hindsight_demos.py; measured in docs/learning.md.",
+        "(0 = once). See DemoReplay in openclaw_cli/learn/hindsight_demos.py; measured in docs/learning-history.md.",
     )
     demo_max_tokens: int = Field(
         128, ge=1, le=4096, description="Token budget of a hindsight demonstration (a cut-off one is dropped)."
@@ -229,7 +231,7 @@ class TrainSettings(_Section):
         le=64,
         description="Loop probe: each step, greedy replies of the current policy to this many of the batch's prompts; "
         "one that runs into a loop (repeats one span to the token budget) has its first repetition trained with "
-        "advantage -1 (0 = off). See openclaw_cli/learn/loop_probe.py; measured in docs/learning.md.",
+        "advantage -1 (0 = off). See openclaw_cli/learn/loop_probe.py; measured in docs/learned.md.",
     )
     loop_probe_tokens: int = Field(
         64, ge=8, le=4096, description="Token budget of a loop probe's greedy reply (a loop must reach it to count)."
@@ -560,7 +562,7 @@ class Settings(BaseSettings):
     method: Literal["rl", "opd", "combined"] = Field(
         "opd",
         description="rl = Binary RL on the judge's reward; opd = On-Policy Distillation from hints (the user's own "
-        "correction by default); combined = both. opd by default: see docs/learning.md.",
+        "correction by default); combined = both. opd by default: see docs/algorithms.md.",
     )
     session_idle_s: float = Field(900.0, gt=0)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)

@@ -9,7 +9,7 @@ that answer *without* it, with a constant positive advantage ``train.demo_weight
 "sampler" log-probabilities are the current policy's, so the ratio is 1 when the step's one gradient is taken and the
 clip does not bind: the learning rate sets how far a step moves, and (Adam being blind to the gradient's scale) the
 weight only sets the demonstrations' share of the step against the OPD and KL terms (2.0 measured the same as 1.0,
-docs/learning.md). This is context distillation from the user's own words, and what the learning target asks for: the
+docs/algorithms.md). This is context distillation from the user's own words, and what the learning target asks for: the
 bot, asked plainly, answers as the base model does when told.
 
 A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats

@@ -6,7 +6,7 @@ their own, and glibc gives each its own heap). glibc serves an allocation above 
 its own, returned when freed, but it *raises* that threshold every time such a mapping is freed, up to 32 MB: from
 then on those tensors come from the heaps, whose freed middles are kept, and a long run's resident memory ratchets
 up to the sum of every thread's worst moment. Measured in the learning bench (SmolLM2-135M, 2 users, replays on):
-one run reached 23 GB and was killed on a 24 GB machine (docs/learning.md).
+one run reached 23 GB and was killed on a 24 GB machine (docs/learning-history.md).
 
 :func:`keep_large_allocations_mapped` fixes the threshold (which also stops glibc moving it), so a tensor of at
 least that size is always its own mapping; :func:`release_free_memory` hands freed heap pages back after a training

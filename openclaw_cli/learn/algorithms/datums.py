@@ -122,7 +122,7 @@ def build_datums(
     - KL anchor (``train.kl_coef``): a sample with signal and ``base_logprobs`` gets
       ``-kl_coef * (log pi_old - log pi_base)`` added to each token's advantage (:func:`kl_anchored`).
     - A constrained reply's forced tokens (``forced_tokens``) get advantage 0: drawn from the masked policy, they
-      were certain, so the reply says nothing about them (see docs/learning.md, "Constrained replies").
+      were certain, so the reply says nothing about them (see docs/algorithms.md, "Constrained replies").
     - Loss normalisation (``train.loss_norm``): backends sum over tokens, so the advantages are scaled here.
       ``token``: divided by the batch's total trained tokens (every token weighs the same, so a long reply's
       objections are not diluted by its length); ``sample``: divided by the sample's length and the number of
