@@ -111,3 +111,14 @@ def test_no_module_imports_itself_through_others() -> None:
         if name not in state:
             visit(name, [name])
     assert circles == []
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    """A function that outgrows a screen and a half is several jobs: give each a name."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if is_function and (node.end_lineno or node.lineno) - node.lineno + 1 > 80:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert long == []

@@ -30,6 +30,8 @@ from openclaw_cli.command_support import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from openclaw_cli.env_training.checkpoints import RunManifest
     from openclaw_cli.env_training.custom_loss import CustomLoss
     from openclaw_cli.env_training.hooks import Env
@@ -196,6 +198,23 @@ def _has_checkpoint(settings: Settings, run_name: str) -> bool:
     return True
 
 
+def _announce(console: Console, settings: Settings, loss: str | CustomLoss, resume: RunManifest | None) -> None:
+    """The run's first lines: what trains on what, and where a resumed run picks up."""
+    spec = settings.train_env
+    model = settings.model or "the default model"
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom loss")
+    console.print(
+        f"training {spec.env} on {settings.backend} ({model}): {spec.steps} steps x {spec.prompts_per_step} prompts "
+        f"x {spec.group_size} samples, loss {loss_name}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if resume:
+        console.print(
+            f"resuming run {resume.run} after step {resume.step} ({resume.checkpoint})", soft_wrap=True, highlight=False
+        )
+
+
 def _run_with_progress(
     settings: Settings,
     env: Env,
@@ -218,8 +237,6 @@ def _run_with_progress(
 
     spec = settings.train_env
     per_step = spec.group_size * spec.prompts_per_step
-    model = settings.model or "the default model"
-    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom loss")
     metrics_file = metrics_path.open("w", encoding="utf-8") if metrics_path is not None else None
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -228,17 +245,8 @@ def _run_with_progress(
         TextColumn("rollouts"),
         TimeElapsedColumn(),
     )
-    progress.console.print(
-        f"training {spec.env} on {settings.backend} ({model}): {spec.steps} steps x {spec.prompts_per_step} prompts "
-        f"x {spec.group_size} samples, loss {loss_name}",
-        soft_wrap=True,
-        highlight=False,
-    )
+    _announce(progress.console, settings, loss, resume)
     first_step = resume.step + 1 if resume else 1
-    if resume:
-        progress.console.print(
-            f"resuming run {resume.run} after step {resume.step} ({resume.checkpoint})", soft_wrap=True, highlight=False
-        )
     remaining = max(spec.steps - first_step + 1, 0)
     task = progress.add_task(f"step {min(first_step, spec.steps)}/{spec.steps}", total=remaining * per_step)
 

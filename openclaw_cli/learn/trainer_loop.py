@@ -406,18 +406,7 @@ class TrainerLoop:
             await self._complete(batch, {"trained": False, "reason": "no usable signal", "stale": stale})
             return None
         # Replays and loop probes only ride along a step the batch earns itself: a batch without signal stays no step.
-        replays, loops = await asyncio.gather(
-            self._replay.due(self.backend, current_version) if len(self._replay) else _nothing(),
-            probe_loops(
-                self.backend,
-                samples,
-                probes=train.loop_probes,
-                max_tokens=train.loop_probe_tokens,
-                version=current_version,
-            )
-            if train.loop_probes
-            else _nothing(),
-        )
+        replays, loops = await self._riding_along(samples, current_version)
         if replays or loops:
             samples += replays + loops
             datums, trained_ids = build_datums(
@@ -477,6 +466,26 @@ class TrainerLoop:
         results = {turn.id: {"trained": turn.id in trained, "step": step, "version": version} for turn in batch}
         report = StepReport(step, version, metrics, list(trained_ids), [t.id for t in batch])
         return await self._commit(_StepCommit(report, results, mean_reward))
+
+    async def _riding_along(
+        self, samples: list[TrainSample], current_version: int
+    ) -> tuple[list[TrainSample], list[TrainSample]]:
+        """The demonstrations due for replay, rescored by the current policy, and the loop probes' samples (run
+        together: both are passes of the current version)."""
+        train = self.settings.train
+        replays, loops = await asyncio.gather(
+            self._replay.due(self.backend, current_version) if len(self._replay) else _nothing(),
+            probe_loops(
+                self.backend,
+                samples,
+                probes=train.loop_probes,
+                max_tokens=train.loop_probe_tokens,
+                version=current_version,
+            )
+            if train.loop_probes
+            else _nothing(),
+        )
+        return replays, loops
 
     async def _update(self, datums: list[Datum]) -> tuple[FwdBwdResult, StepResult]:
         """One optimizer step on ``datums`` (gradients a failed earlier attempt left behind dropped first)."""

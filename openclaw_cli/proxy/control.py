@@ -145,31 +145,33 @@ def version_control_routes(app: Starlette) -> list[Route]:
         )
         return JSONResponse({**event, "servable_versions": backend.servable_versions(), "trainer": TRAINER_NOTE})
 
-    async def adapter(request: Request) -> Response:
-        state = proxy_state(request)
-        name = caller_adapter(request, state)
-        backend = state.serving(name)
-        export = getattr(backend, "export_adapter", None)
-        if export is None:
-            raise ProxyError(501, f"backend {backend.name!r} cannot export adapter weights", kind="unsupported")
-        with tempfile.TemporaryDirectory(prefix="openclaw-adapter-") as tmp:
-            try:
-                info = await export(Path(tmp) / "adapter")
-            except BackendError as exc:
-                raise from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
-            body = await asyncio.to_thread(_tar_gz, Path(tmp) / "adapter")
-        headers = {
-            "content-disposition": f'attachment; filename="adapter-v{info.version}.tar.gz"',
-            ADAPTER_HEADER: name,
-            "x-openclaw-policy-version": str(info.version),
-        }
-        return Response(body, media_type="application/gzip", headers=headers)
-
     return [
         Route(VERSIONS_PATH, versions, methods=["GET"]),
         Route(ROLLBACK_PATH, rollback, methods=["POST"]),
-        Route(ADAPTER_PATH, adapter, methods=["GET"]),
+        Route(ADAPTER_PATH, _export_adapter, methods=["GET"]),
     ]
+
+
+async def _export_adapter(request: Request) -> Response:
+    """``GET /v1/openclaw/adapter``: the caller's own adapter at its current version, a PEFT adapter as tar.gz."""
+    state = proxy_state(request)
+    name = caller_adapter(request, state)
+    backend = state.serving(name)
+    export = getattr(backend, "export_adapter", None)
+    if export is None:
+        raise ProxyError(501, f"backend {backend.name!r} cannot export adapter weights", kind="unsupported")
+    with tempfile.TemporaryDirectory(prefix="openclaw-adapter-") as tmp:
+        try:
+            info = await export(Path(tmp) / "adapter")
+        except BackendError as exc:
+            raise from_backend_error(exc, retry_after_s=state.settings.proxy.retry_after_s) from None
+        body = await asyncio.to_thread(_tar_gz, Path(tmp) / "adapter")
+    headers = {
+        "content-disposition": f'attachment; filename="adapter-v{info.version}.tar.gz"',
+        ADAPTER_HEADER: name,
+        "x-openclaw-policy-version": str(info.version),
+    }
+    return Response(body, media_type="application/gzip", headers=headers)
 
 
 def _tar_gz(directory: Path) -> bytes:
