@@ -366,8 +366,21 @@ class StoreSettings(_Section):
 class LocalSettings(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    sampler: Literal["auto", "transformers", "vllm"] = Field(
-        "auto", description="auto = vLLM when importable and a GPU exists, else transformers."
+    sampler: Literal["auto", "transformers", "vllm", "remote"] = Field(
+        "auto",
+        description="auto = the vLLM servers of vllm_servers when listed, else vLLM when importable and a GPU exists, "
+        "else transformers; remote = the vLLM servers of vllm_servers (docs/serving-fleet.md).",
+    )
+    vllm_servers: list[str] = Field(
+        default_factory=list,
+        description="Base URLs of vLLM servers you run (e.g. http://gpu1:8000): they serve the policy, each new "
+        "version loaded onto every one; the trainer stays in this process.",
+    )
+    vllm_api_key: SecretStr | None = Field(None, description="The servers' --api-key, if they were started with one.")
+    vllm_adapter_dir: Path | None = Field(
+        None,
+        description="Where each version's PEFT adapter is written for the servers to load: a directory every server "
+        "can read at the same path (unset = a temporary directory, for servers on this machine).",
     )
     keep_versions: int = Field(3, ge=1, le=64, description="Published versions kept servable (plus the base).")
     max_concurrent_requests: int = Field(

@@ -43,6 +43,21 @@ def learnable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
     return make_learnable_model(tiny_model_dir, tmp_path_factory.mktemp("learnable-tiny") / "model")
 
 
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 with head_dim 64 (vLLM's attention kernels want a common head size; the CPU ones >= 32)."""
+    from openclaw_cli.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    directory = tmp_path_factory.mktemp("vllm-tiny")
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(len(tok), hidden=256)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    tok.save_pretrained(directory)
+    model.save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture
 def make_proxy(tiny_tokenizer):
     """``make_proxy(*replies, settings=, backend=, sink=, token_delay_s=)``: the proxy over a FakeBackend that

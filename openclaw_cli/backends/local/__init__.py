@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from openclaw_cli.adapters import SHARED_ADAPTER, adapter_state_dir
-from openclaw_cli.backend import BackendError, Check
+from openclaw_cli.backend import BASE_VERSION, BackendError, Check
 from openclaw_cli.backends.local.heap import keep_large_allocations_mapped, release_free_memory
 from openclaw_cli.backends.sampler_serving import AdapterServing, ServesFromSampler
 from openclaw_cli.types import (
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from openclaw_cli.backends.local.adapter_states import AdapterStates
     from openclaw_cli.backends.local.lora_delta import LoraWeights
     from openclaw_cli.backends.local.model_loading import LoadedModel
+    from openclaw_cli.backends.local.remote_vllm import RemoteVLLMSampler
     from openclaw_cli.backends.local.sampler import AdapterSampler, TransformersSampler
     from openclaw_cli.backends.local.serving import PolicyVersions
     from openclaw_cli.backends.local.trainer import LoraTrainer
@@ -52,18 +53,23 @@ if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
     from openclaw_cli.tokenizer import HFChatTokenizer
 
-SamplerKind = Literal["transformers", "vllm"]
+SamplerKind = Literal["transformers", "vllm", "remote"]
 STATE_FILE = "openclaw-state.json"
 TRAINER_SUBDIR = "trainer"
 _STATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-def choose_sampler(preference: str) -> SamplerKind:
-    """``auto`` = vLLM when it is installed and a GPU exists, else transformers; an explicit choice must work."""
+def choose_sampler(preference: str, *, servers: bool = False) -> SamplerKind:
+    """``auto`` = the vLLM servers of ``local.vllm_servers`` when listed (``servers``), else vLLM when it is
+    installed and a GPU exists, else transformers; an explicit choice must work."""
     if preference == "transformers":
         return "transformers"
+    if preference == "remote" or (preference == "auto" and servers):
+        if not servers:
+            raise BackendError("local.sampler is 'remote' but local.vllm_servers lists no server")
+        return "remote"
     if preference not in ("auto", "vllm"):
-        raise BackendError(f"unknown local.sampler {preference!r}; use auto, transformers or vllm")
+        raise BackendError(f"unknown local.sampler {preference!r}; use auto, transformers, vllm or remote")
     from openclaw_cli.backends.local.vllm_sampler import vllm_available  # light: vllm itself is imported only on start
 
     usable, why = vllm_available()
@@ -88,7 +94,7 @@ class LocalBackend(ServesFromSampler):
         self._trainer: LoraTrainer | None = None
         self._versions: PolicyVersions | None = None
         self._torch_sampler: TransformersSampler | None = None  # scoring always; serving unless vLLM serves
-        self._vllm: VLLMSampler | None = None
+        self._vllm: VLLMSampler | RemoteVLLMSampler | None = None
         self._vllm_adapters: Path | None = None
         self._train_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
@@ -139,14 +145,13 @@ class LocalBackend(ServesFromSampler):
         async with self._start_lock:
             if self._torch_sampler is not None:
                 return
-            kind = choose_sampler(self.settings.local.sampler)
+            local = self.settings.local
+            kind = choose_sampler(local.sampler, servers=bool(local.vllm_servers))
             keep_large_allocations_mapped()  # before the model's tensors exist (see heap.py)
             loaded, trainer, states, versions, torch_sampler = await asyncio.to_thread(self._build)
-            if kind == "vllm":
-                from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
-
+            if kind in ("vllm", "remote"):
                 self._vllm_adapters = Path(tempfile.mkdtemp(prefix="openclaw-vllm-adapters-"))
-                vllm = VLLMSampler(loaded.path, loaded.tokenizer, self.settings, adapter_dir=self._vllm_adapters)
+                vllm = self._vllm_sampler(kind, loaded, trainer, torch_sampler)
                 try:
                     await vllm.start()
                 except BaseException:
@@ -157,6 +162,31 @@ class LocalBackend(ServesFromSampler):
             self._loaded, self._trainer, self._versions, self._states = loaded, trainer, versions, states
             self._torch_sampler = torch_sampler
             self.sampler_kind = kind
+
+    def _vllm_sampler(
+        self, kind: SamplerKind, loaded: LoadedModel, trainer: LoraTrainer, torch_sampler: TransformersSampler
+    ) -> VLLMSampler | RemoteVLLMSampler:
+        """vLLM in this process, or the team's vLLM servers (``local.vllm_servers``), checked against the torch
+        copy of the same base model."""
+        assert self._vllm_adapters is not None
+        if kind == "vllm":
+            from openclaw_cli.backends.local.vllm_sampler import VLLMSampler
+
+            return VLLMSampler(loaded.path, loaded.tokenizer, self.settings, adapter_dir=self._vllm_adapters)
+        from openclaw_cli.backends.local.remote_vllm import RemoteVLLMSampler
+
+        async def score_base(tokens: list[int], start: int) -> list[float | None]:
+            return await torch_sampler.compute_logprobs(tokens, version=BASE_VERSION, start=start)
+
+        shared = self.settings.local.vllm_adapter_dir
+        return RemoteVLLMSampler(
+            loaded.path,
+            loaded.tokenizer,
+            self.settings,
+            adapter_dir=Path(shared).expanduser() if shared is not None else self._vllm_adapters,
+            scorer=score_base,
+            probe_weights=trainer.lora_weights(),
+        )
 
     def _build(self) -> tuple[LoadedModel, LoraTrainer, AdapterStates, PolicyVersions, TransformersSampler]:
         from openclaw_cli.backends.local.adapter_states import AdapterStates
@@ -501,7 +531,7 @@ class LocalBackend(ServesFromSampler):
             raise BackendError("the local backend is not started; call start() first")
         return self._torch_sampler
 
-    def _serving_sampler(self) -> TransformersSampler | AdapterServing | VLLMSampler:
+    def _serving_sampler(self) -> TransformersSampler | AdapterServing | VLLMSampler | RemoteVLLMSampler:
         if self._vllm is None:
             return self._scoring_sampler()
         if self._adapter == SHARED_ADAPTER:

@@ -4,7 +4,7 @@ Selected when ``vllm`` imports and CUDA is available, or when the CPU build (PyP
 (:func:`vllm_available`); vLLM is imported lazily inside functions so this module imports on any machine. Each
 published policy is written as a PEFT-format adapter dir and served as a new ``LoRARequest(name, id, path)``; the
 base model is version 0, served without a LoRA until the first publish and as an all-zero adapter from then on
-(vLLM's CPU kernels mix a LoRA-less request batched with LoRA ones: :meth:`VLLMSampler._base_as_zero_adapter`). A
+(vLLM's CPU kernels mix a LoRA-less request batched with LoRA ones: :mod:`~openclaw_cli.backends.local.lora_lines`). A
 request pins its ``LoRARequest`` when it starts, so publishing never changes the weights of a request already
 running.
 
@@ -29,22 +29,19 @@ distribution: the local backend rescores such a reply with the torch copy of the
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
-import shutil
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from openclaw_cli.adapters import SHARED_ADAPTER, adapter_dirname, separate_adapters
-from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
+from openclaw_cli.adapters import SHARED_ADAPTER, separate_adapters
+from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
-from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights, write_peft_adapter
+from openclaw_cli.backends.local.lora_delta import LoraWeights
+from openclaw_cli.backends.local.lora_lines import LoraLines
 from openclaw_cli.types import OutputConstraint, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 if TYPE_CHECKING:
@@ -94,7 +91,7 @@ def vllm_lora_slots(settings: Settings) -> tuple[int, int]:
     """``(max_loras, max_cpu_loras)`` for vLLM: adapters one batch may mix, and adapters kept loaded in memory.
 
     One shared adapter: every servable version may be batched together, +1 slot for versions still finishing
-    requests, +1 for the base model's zero adapter (see ``VLLMSampler._base_as_zero_adapter``). Adapters per
+    requests, +1 for the base model's zero adapter (see :mod:`~openclaw_cli.backends.local.lora_lines`). Adapters per
     owner: the ``lora.resident_adapters`` most active owners' current versions batch together (+1 for the base),
     and the memory cache holds each of them with its kept versions; more active owners than slots take turns
     (vLLM's scheduler holds a request back a step rather than fail it).
@@ -105,23 +102,6 @@ def vllm_lora_slots(settings: Settings) -> tuple[int, int]:
     resident = settings.lora.resident_adapters
     in_batch = max(keep + 2, min(resident, max(settings.local.max_concurrent_requests, 1) * 4) + 1)
     return in_batch, max(in_batch, resident * (keep + 1) + 1)
-
-
-@dataclass
-class _Served:
-    info: PolicyVersion
-    lora: Any  # vllm LoRARequest, None for the base model
-    path: Path | None
-    in_flight: int = 0
-
-
-@dataclass
-class _Line:
-    """One adapter's versions as vLLM serves them: its own numbers, the base (0) shared with every adapter."""
-
-    current: _Served
-    published: OrderedDict[int, _Served] = field(default_factory=OrderedDict)
-    latest: int = BASE_VERSION
 
 
 class VLLMSampler:
@@ -147,12 +127,14 @@ class VLLMSampler:
         self.adapter_dir = Path(adapter_dir)
         self.gpu_memory_utilization = gpu_memory_utilization
         self._engine: Any = None
-        self._keep = settings.local.keep_versions
-        self._base = _Served(PolicyVersion(BASE_VERSION, "base"), None, None)
-        self._lines: dict[str, _Line] = {}
-        self._retired: list[_Served] = []
         self._lora_ids = itertools.count(1)  # vLLM needs a positive, unique integer id per adapter
-        self._publish_lock = asyncio.Lock()  # version numbers are handed out in publish order
+        self.versions = LoraLines(
+            keep=settings.local.keep_versions,
+            adapter_dir=self.adapter_dir,
+            model_path=self.model_path,
+            load=self._load_adapter,
+            unload=self._unload_adapter,
+        )
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -203,19 +185,13 @@ class VLLMSampler:
             self._engine.shutdown()
             self._engine = None
 
-    # --- versions ---------------------------------------------------------------------------------------------
-
-    def _line(self, adapter: str) -> _Line:
-        line = self._lines.get(adapter)
-        if line is None:
-            line = self._lines[adapter] = _Line(current=self._base)
-        return line
+    # --- versions (openclaw_cli.backends.local.lora_lines) -----------------------------------------------------
 
     def current_version(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
-        return self._line(adapter).current.info
+        return self.versions.current(adapter)
 
     def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
-        return [BASE_VERSION, *self._line(adapter).published]
+        return self.versions.servable(adapter)
 
     async def publish(
         self,
@@ -226,106 +202,28 @@ class VLLMSampler:
         make_current: bool = True,
         adapter: str = SHARED_ADAPTER,
     ) -> PolicyVersion:
-        """Write ``weights`` as a PEFT adapter, load it into vLLM, then make it ``adapter``'s current version
-        (atomic for callers); ``make_current=False`` only stages it (servable when pinned) until
-        :meth:`make_current`. ``version`` asks for a number (resuming a checkpoint): honoured when above every
-        number the adapter used, else the next one is taken, as the torch side does."""
-        async with self._publish_lock:
-            return await self._publish(weights, name, version, make_current, adapter)
+        """Load ``weights`` into vLLM as ``adapter``'s next version, then serve it (see LoraLines.publish)."""
+        return await self.versions.publish(weights, name, version=version, make_current=make_current, adapter=adapter)
 
     def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
         """Serve an already servable version of ``adapter`` from now on (rollback, or promoting a staged one)."""
-        served = self._acquire(version, adapter)
-        served.in_flight -= 1  # _acquire pins for a request; here only the lookup is wanted
-        self._line(adapter).current = served
-        return served.info
+        return self.versions.make_current(version, adapter)
 
-    async def _publish(
-        self, weights: LoraWeights, name: str | None, version: int | None, make_current: bool, adapter: str
-    ) -> PolicyVersion:
-        if self._base.lora is None:
-            await self._base_as_zero_adapter(weights)
-        line = self._line(adapter)
-        number = version if version is not None and version > line.latest else line.latest + 1
-        info = PolicyVersion(number, name or f"v{number}", time.time())
-        path = self.adapter_dir / adapter_dirname(adapter) / f"v{number}-{uuid.uuid4().hex[:8]}"
-        # Loaded before switching, so the first request on it pays nothing.
-        what = f"the LoRA adapter for version {number}" + ("" if adapter == SHARED_ADAPTER else f" of {adapter}")
-        lora = await self._load_adapter(weights, path, f"openclaw-{adapter_dirname(adapter)}-v{number}", what)
-        served = _Served(info, lora, path)
-        line.published[number] = served
-        line.latest = number
-        if make_current:
-            line.current = served
-        while len(line.published) > self._keep:
-            # Oldest out first, but never the current version (after a rollback it need not be the newest).
-            oldest = next(n for n, s in line.published.items() if s is not line.current)
-            self._retired.append(line.published.pop(oldest))
-        await self._free_retired()
-        return info
-
-    async def _base_as_zero_adapter(self, like: LoraWeights) -> None:
-        """From the first published version on, serve the base model (version 0) as an all-zero adapter.
-
-        vLLM's CPU LoRA kernels give a request *without* a LoRA, batched with LoRA requests, the adapter of the
-        last slot (its "no LoRA" index -1 reads the last adapter's weights; upstream PR #48421): base-version
-        log-probabilities were off by up to 1.05 while LoRA versions were served, and the frozen-base judge and
-        OPD teacher are exactly such requests. With a zero adapter every request is a LoRA request and the base's
-        output is exact (the delta is 0), on every platform, for the price of one adapter slot.
-        """
-        import torch
-
-        zeros = {key: LoraDelta(torch.zeros_like(d.a), torch.zeros_like(d.b), d.scaling) for key, d in like.items()}
-        path = self.adapter_dir / "v0-base-zero"
-        lora = await self._load_adapter(zeros, path, "openclaw-v0-base", "the base model's zero adapter")
-        self._base.lora, self._base.path = lora, path
-
-    async def _load_adapter(self, weights: LoraWeights, path: Path, name: str, what: str) -> Any:
-        """Write ``weights`` as a PEFT adapter at ``path`` and load it into vLLM; the dir is removed if vLLM
-        refuses it. Returns the ``LoRARequest`` that serves it."""
+    async def _load_adapter(self, path: Path, name: str, what: str) -> Any:
+        """Load the PEFT adapter at ``path`` into vLLM; returns the ``LoRARequest`` that serves it."""
         from vllm.lora.request import LoRARequest
 
         engine = self._require_engine()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(write_peft_adapter, weights, path, self.model_path)
         lora = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=str(path))
         try:
             await engine.add_lora(lora)
         except Exception as exc:
-            shutil.rmtree(path, ignore_errors=True)
             raise BackendError(f"vLLM rejected {what}: {exc}") from exc
         return lora
 
-    def _acquire(self, version: int | None, adapter: str) -> _Served:
-        line = self._line(adapter)
-        if version is None:
-            served = line.current
-        elif version == BASE_VERSION:
-            served = self._base
-        elif version in line.published:
-            served = line.published[version]
-        else:
-            known = ", ".join(str(v) for v in self.servable(adapter))
-            raise BackendError(f"policy version {version} is not servable; servable versions: {known}", status_code=400)
-        served.in_flight += 1
-        return served
-
-    async def _release(self, served: _Served) -> None:
-        served.in_flight -= 1
-        if served in self._retired:
-            await self._free_retired()
-
-    async def _free_retired(self) -> None:
-        """Unload retired versions nobody uses any more and delete their adapter dirs."""
-        engine = self._engine
-        for served in [s for s in self._retired if s.in_flight == 0]:
-            self._retired.remove(served)
-            if engine is not None and served.lora is not None:
-                # It may already be evicted by vLLM's LRU, then there is nothing left to free.
-                with contextlib.suppress(Exception):
-                    await engine.remove_lora(served.lora.lora_int_id)
-            if served.path is not None:
-                shutil.rmtree(served.path, ignore_errors=True)
+    async def _unload_adapter(self, lora: Any) -> None:
+        if self._engine is not None:
+            await self._engine.remove_lora(lora.lora_int_id)
 
     # --- sampling -------------------------------------------------------------------------------------------
 
@@ -366,7 +264,7 @@ class VLLMSampler:
                 f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.tokenizer.context_length}",
                 status_code=400,
             )
-        served = self._acquire(version, adapter)
+        served = self.versions.acquire(version, adapter)
         started = time.time()
         first_token_at = 0.0
         tokens: list[int] = []
@@ -379,7 +277,7 @@ class VLLMSampler:
                 TokensPrompt(prompt_token_ids=list(prompt_tokens)),
                 self._vllm_params(params, min(params.max_tokens, room)),
                 request_id=f"openclaw-{uuid.uuid4().hex}",
-                lora_request=served.lora,
+                lora_request=served.handle,
             )
             # Closing vLLM's generator aborts the request when our caller stops listening (client disconnect).
             async with contextlib.aclosing(request):
@@ -399,7 +297,7 @@ class VLLMSampler:
                     if output.finished:
                         finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
         finally:
-            await self._release(served)
+            await self.versions.release(served)
         if finish_reason not in ("stop", "length"):
             raise BackendError(f"vLLM ended the request with finish reason {finish_reason!r}", retryable=True)
         yield SampleResult(

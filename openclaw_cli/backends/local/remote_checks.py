@@ -1,0 +1,189 @@
+"""What a vLLM server must be before the proxy serves from it (``local.vllm_servers``): each check fails with one
+line naming the fix. ``openclaw launch`` runs them at start (the remote sampler's ``start``), ``openclaw doctor``
+too.
+
+1. it answers (``/version``), and is new enough to return the sampled token ids (vLLM >= 0.10.2);
+2. it serves the trainer's model with the same chat template: ``/tokenize`` of a probe conversation gives exactly
+   the tokens our own rendering does;
+3. runtime LoRA loading is on (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; without it the routes are 404);
+4. it can load our adapter: the LoRA rank fits its ``--max-lora-rank``, and it reads ``local.vllm_adapter_dir`` at
+   the path we write to;
+5. its log-probabilities are the policy's own: a short reply sampled at temperature 0.5 is rescored by the trainer's
+   torch copy of the base model; raw log-probabilities (vLLM's default) agree, processed ones (``--logprobs-mode
+   processed_logprobs``) or another model's do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backends.local.lora_delta import LoraWeights, write_peft_adapter
+
+# log p(tokens[i] | tokens[:i]) under the base model for i >= start (the trainer's torch copy)
+Scorer = Callable[[list[int], int], Awaitable[list[float | None]]]
+
+MIN_VERSION = (0, 10, 2)  # the completions API's return_token_ids
+PROBE = [{"role": "user", "content": "Name three colours of the rainbow."}]
+MAX_LOGPROB_GAP = 0.1  # mean |ours - theirs| per token; dtype differences stay far below, another model far above
+RUNTIME_LORA_FIX = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"
+
+
+async def check_server(
+    client: httpx.AsyncClient,
+    url: str,
+    tokenizer: ChatTokenizer,
+    *,
+    adapter_dir: Path,
+    model_path: Path,
+    probe_weights: LoraWeights | None,
+    scorer: Scorer | None,
+) -> str:
+    """Run the checks of the module docstring against ``url``; returns the name the server serves its model by."""
+    version = await _version(client, url)
+    if version < MIN_VERSION:
+        shown = ".".join(map(str, version))
+        raise BackendError(f"vLLM {shown} at {url} is too old to return token ids; upgrade it to vLLM >= 0.10.2")
+    model = await _served_model(client, url)
+    await _same_template(client, url, model, tokenizer)
+    await _runtime_lora_on(client, url)
+    if probe_weights is not None:
+        await _loads_our_adapter(client, url, adapter_dir, model_path, probe_weights)
+    if scorer is not None:
+        await _raw_logprobs(client, url, model, tokenizer, scorer)
+    return model
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> Any:
+    try:
+        response = await client.get(url, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise BackendError(
+            f"the vLLM server {url.rsplit('/', 1)[0]} is unreachable ({exc}); start it, or fix local.vllm_servers"
+        ) from exc
+    if response.status_code == 401:
+        raise BackendError(f"{url} refused our key (401): set local.vllm_api_key to the server's --api-key")
+    if response.status_code != 200:
+        raise BackendError(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
+    return response.json()
+
+
+async def _version(client: httpx.AsyncClient, url: str) -> tuple[int, ...]:
+    text = str((await _get(client, f"{url}/version")).get("version", "0"))
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+        if not piece.isdigit():
+            break
+    return tuple(parts)
+
+
+async def _served_model(client: httpx.AsyncClient, url: str) -> str:
+    cards = (await _get(client, f"{url}/v1/models")).get("data") or []
+    bases = [c["id"] for c in cards if not c.get("parent") and not str(c.get("id", "")).startswith("openclaw-")]
+    if not bases:
+        raise BackendError(f"{url} lists no model in /v1/models")
+    return str(bases[0])
+
+
+async def _same_template(client: httpx.AsyncClient, url: str, model: str, tokenizer: ChatTokenizer) -> None:
+    ours = tokenizer.render(PROBE)
+    body = {"model": model, "messages": PROBE, "add_generation_prompt": True}
+    try:
+        response = await client.post(f"{url}/tokenize", json=body, timeout=10.0)
+        theirs = [int(t) for t in response.json().get("tokens", [])]
+    except (httpx.HTTPError, ValueError) as exc:
+        raise BackendError(f"{url} could not tokenize a chat ({exc}); is it a vLLM server?") from exc
+    if theirs != ours:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))
+        )
+        raise BackendError(
+            f"{url} serves {model!r}, whose chat template renders a probe conversation differently from the trainer's "
+            f"model (first difference at token {at}); serve the same model (and chat template) the trainer loads"
+        )
+
+
+async def _runtime_lora_on(client: httpx.AsyncClient, url: str) -> None:
+    probe = f"openclaw-probe-{secrets.token_hex(4)}"
+    try:
+        response = await client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": probe}, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise BackendError(f"{url} is unreachable ({exc})") from exc
+    # Loading on: vLLM's own 404 for an adapter it does not hold. Off: the route does not exist (FastAPI's 404).
+    if response.status_code == 404 and "cannot be found" in response.text:
+        return
+    raise BackendError(f"runtime LoRA loading is off at {url} (HTTP {response.status_code}); {RUNTIME_LORA_FIX}")
+
+
+async def _loads_our_adapter(
+    client: httpx.AsyncClient, url: str, adapter_dir: Path, model_path: Path, weights: LoraWeights
+) -> None:
+    name = f"openclaw-probe-{secrets.token_hex(4)}"
+    path = adapter_dir / name
+    await asyncio.to_thread(write_peft_adapter, weights, path, model_path)
+    try:
+        response = await client.post(
+            f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=120.0
+        )
+        if response.status_code == 200:
+            await client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=10.0)
+            return
+    except httpx.HTTPError as exc:
+        raise BackendError(f"{url} failed while loading a probe adapter ({exc})") from exc
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    text = response.text
+    rank = next(iter(weights.values())).a.shape[0] if weights else 0
+    if "rank" in text.lower():
+        raise BackendError(
+            f"{url} cannot load a LoRA of rank {rank}: start it with --max-lora-rank at least {rank} ({text[:200]})"
+        )
+    if "not found" in text.lower() or "no such file" in text.lower() or "does not exist" in text.lower():
+        raise BackendError(
+            f"{url} cannot read the adapter written to {path}: local.vllm_adapter_dir must be a directory every "
+            f"server reads at the same path ({text[:200]})"
+        )
+    raise BackendError(f"{url} refused a LoRA adapter of ours (HTTP {response.status_code}): {text[:300]}")
+
+
+async def _raw_logprobs(
+    client: httpx.AsyncClient, url: str, model: str, tokenizer: ChatTokenizer, scorer: Scorer
+) -> None:
+    prompt = tokenizer.render(PROBE)
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0.5,
+        "seed": 0,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    try:
+        response = await client.post(f"{url}/v1/completions", json=body, timeout=120.0)
+        choice = response.json()["choices"][0]
+        tokens = [int(t) for t in choice["token_ids"]]
+        theirs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise BackendError(
+            f"{url} did not return token ids and log-probabilities for a completion ({exc}); vLLM >= 0.10.2 needed"
+        ) from exc
+    if not tokens:
+        return
+    ours = [v for v in await scorer(prompt + tokens, len(prompt)) if v is not None][-len(tokens) :]
+    gap = sum(abs(a - b) for a, b in zip(ours, theirs, strict=False)) / len(tokens)
+    if gap > MAX_LOGPROB_GAP:
+        raise BackendError(
+            f"{url} reports log-probabilities {gap:.2f} nats per token away from the trainer's own for the same "
+            "tokens: start it with --logprobs-mode raw_logprobs (the default), the trainer's model and a dtype "
+            "close to local.dtype"
+        )

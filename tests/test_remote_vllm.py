@@ -1,0 +1,190 @@
+"""The remote vLLM sampler (``local.vllm_servers``) against loopback doubles of vLLM's HTTP API
+(openclaw_cli/testing/vllm_server_double.py): every version loaded onto every server under a name never used
+before, requests to the least busy healthy server, a failure before the first token retried on another server,
+one mid-stream ended with an error, all down a retryable error, a restarted server given the current versions
+before it serves again, and each start-up check failing with its fix. The same sampler against real ``vllm serve``
+processes: tests/test_vllm_remote.py (``make test-vllm``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from openclaw_cli.backend import BackendError
+from openclaw_cli.backends.local import remote_vllm
+from openclaw_cli.backends.local.lora_delta import LoraDelta
+from openclaw_cli.backends.local.remote_vllm import RemoteVLLMSampler
+from openclaw_cli.settings import Settings
+from openclaw_cli.testing.vllm_server_double import VllmServerDouble
+from openclaw_cli.types import SampleResult, SamplingParams, TokenChunk
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "/models/tiny"
+
+
+def _weights(rank: int = 4, scale: float = 0.0) -> dict[str, LoraDelta]:
+    return {
+        f"model.layers.0.self_attn.{name}": LoraDelta(torch.full((rank, 8), scale), torch.zeros(8, rank), 2.0)
+        for name in ("q_proj", "v_proj")
+    }
+
+
+@pytest.fixture
+def doubles(tiny_tokenizer: Any) -> Iterator[list[VllmServerDouble]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(VllmServerDouble(MODEL, tiny_tokenizer.render)) for _ in range(2)]
+
+
+@contextlib.asynccontextmanager
+async def started(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path, **local: Any
+) -> AsyncIterator[RemoteVLLMSampler]:
+    settings = Settings(lora={"rank": 4}, local={"vllm_servers": [d.url for d in doubles], "keep_versions": 1, **local})
+    sampler = RemoteVLLMSampler(
+        Path(MODEL), tiny_tokenizer, settings, adapter_dir=tmp_path / "adapters", probe_weights=_weights()
+    )
+    await sampler.start()
+    try:
+        yield sampler
+    finally:
+        await sampler.close()
+
+
+def _prompt(tokenizer: Any) -> list[int]:
+    return tokenizer.render([{"role": "user", "content": "Hello!"}])
+
+
+async def test_each_version_is_loaded_onto_every_server_and_requests_spread_over_them(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        prompt = _prompt(tiny_tokenizer)
+        base = await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=1))
+        assert base.version == 0 and len(base.tokens) == 4 and base.logprobs == [-0.5] * 4
+        first = await sampler.publish(_weights(scale=0.1))
+        name = sampler.versions.find(None).handle
+        assert first.version == 1 and all(name in d.loras for d in doubles)
+        assert all(sampler.versions.base.handle in d.loras for d in doubles)  # the base's zero adapter too
+        events = [e async for e in sampler.stream(prompt, SamplingParams(max_tokens=3, seed=2))]
+        chunks, result = events[:-1], events[-1]
+        assert isinstance(result, SampleResult) and result.version == 1
+        assert [c.token_id for c in chunks if isinstance(c, TokenChunk)] == result.tokens
+        # The request named the version's adapter and asked for the sampled token ids and their log-probabilities.
+        body = next(d for d in doubles if d.completions and d.completions[-1]["model"] == name).completions[-1]
+        assert body["return_token_ids"] is True and body["logprobs"] == 0 and body["prompt"] == prompt
+        await asyncio.gather(*(sampler.sample(prompt, SamplingParams(max_tokens=2, seed=s)) for s in range(6)))
+        assert all(len(d.completions) >= 3 for d in doubles)  # both servers took requests
+        # keep_versions = 1: the next version retires the first, unloaded from both servers and deleted.
+        await sampler.publish(_weights(scale=0.2))
+        assert all(name not in d.loras for d in doubles) and not (tmp_path / "adapters" / name).exists()
+        # Names are never reused: a second sampler (a restart) publishes under new ones.
+        assert sampler.versions.find(None).handle.startswith(f"openclaw-{sampler.versions.run}-shared-v2")
+
+
+async def test_a_failure_before_the_first_token_goes_to_another_server_and_all_down_is_retryable(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        prompt = _prompt(tiny_tokenizer)
+        for double in doubles:
+            double.fail_next = 1
+        # The first server tried answers 503; the request goes to the other, which fails too: both leave the rotation.
+        with pytest.raises(BackendError, match="no vLLM server can take the request") as caught:
+            await sampler.sample(prompt, SamplingParams(max_tokens=2))
+        assert caught.value.retryable and not any(r.healthy for r in sampler.replicas)
+        await asyncio.gather(*(sampler._check_replica(r) for r in sampler.replicas))  # the watcher's next round
+        assert all(r.healthy for r in sampler.replicas)
+        doubles[0].fail_next = 1
+        served = [await sampler.sample(prompt, SamplingParams(max_tokens=2, seed=s)) for s in range(2)]
+        assert all(len(r.tokens) == 2 for r in served) and not sampler.replicas[0].healthy
+
+        doubles[1].die_after = 2  # the only healthy server dies mid-stream: that stream ends with an error
+        stream = sampler.stream(prompt, SamplingParams(max_tokens=5))
+        got = []
+        with pytest.raises(BackendError, match="stopped mid-reply"):
+            async for event in stream:
+                got.append(event)
+        assert len(got) == 2
+
+
+async def test_a_restarted_server_is_given_the_current_versions_before_it_serves_again(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_vllm, "PROBE_EVERY_S", 0.05)
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        await sampler.publish(_weights(scale=0.1))
+        name = sampler.versions.find(None).handle
+        doubles[0].restart()
+        assert name not in doubles[0].loras
+        for _ in range(100):
+            if name in doubles[0].loras:
+                break
+            await asyncio.sleep(0.05)
+        assert name in doubles[0].loras and sampler.versions.base.handle in doubles[0].loras
+        assert sampler.replicas[0].healthy
+
+
+async def test_a_version_published_while_a_server_is_down_reaches_it_when_it_is_back(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        doubles[0].stop()
+        info = await sampler.publish(_weights(scale=0.1))  # loaded onto the other one; the first leaves the rotation
+        name = sampler.versions.find(None).handle
+        assert info.version == 1 and name in doubles[1].loras and not sampler.replicas[0].healthy
+        doubles[0].restart()
+        await sampler._check_replica(sampler.replicas[0])
+        assert sampler.replicas[0].healthy and name in doubles[0].loras
+
+
+@pytest.mark.parametrize(
+    ("knob", "message"),
+    [
+        ("runtime_lora", "runtime LoRA loading is off .* VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"),
+        ("version", r"vLLM 0\.9\.1 at .* is too old to return token ids"),
+        ("rank", r"cannot load a LoRA of rank 32: start it with --max-lora-rank at least 32"),
+        ("template", r"chat template renders a probe conversation differently"),
+        ("down", r"is unreachable .* start it, or fix local\.vllm_servers"),
+    ],
+)
+async def test_each_start_up_check_names_the_fix(tiny_tokenizer: Any, tmp_path: Path, knob: str, message: str) -> None:
+    def other_template(messages: list[dict[str, Any]]) -> list[int]:
+        return [1, *tiny_tokenizer.render(messages)]
+
+    double = VllmServerDouble(MODEL, other_template if knob == "template" else tiny_tokenizer.render)
+    double.runtime_lora = knob != "runtime_lora"
+    double.version = "0.9.1" if knob == "version" else double.version
+    rank = 32 if knob == "rank" else 4
+    with double:
+        if knob == "down":
+            double.stop()
+        settings = Settings(lora={"rank": rank}, local={"vllm_servers": [double.url]})
+        sampler = RemoteVLLMSampler(
+            Path(MODEL), tiny_tokenizer, settings, adapter_dir=tmp_path, probe_weights=_weights(rank)
+        )
+        with pytest.raises(BackendError, match=message):
+            await sampler.start()
+        await sampler.close()
+
+
+async def test_log_probabilities_other_than_the_trainers_are_refused_at_start(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """The double reports -0.5 for every token; a trainer that scores them otherwise (processed log-probabilities,
+    or another model) is told how to start the server."""
+    settings = Settings(lora={"rank": 4}, local={"vllm_servers": [doubles[0].url]})
+
+    async def scorer(tokens: list[int], start: int) -> list[float | None]:
+        return [None] * start + [-2.0] * (len(tokens) - start)
+
+    sampler = RemoteVLLMSampler(Path(MODEL), tiny_tokenizer, settings, adapter_dir=tmp_path, scorer=scorer)
+    with pytest.raises(BackendError, match=r"1\.50 nats per token .* --logprobs-mode raw_logprobs"):
+        await sampler.start()
+    await sampler.close()

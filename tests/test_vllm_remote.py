@@ -1,0 +1,208 @@
+"""The local backend served by vLLM servers the team runs (``local.vllm_servers``): real ``vllm serve`` processes on
+127.0.0.1 (vLLM's CPU build under ``make test-vllm``), two replicas, runtime LoRA loading. The whole ``launch`` loop
+runs against them: captured token ids and log-probabilities are the trainer's own for the same version, each new
+version is loaded onto both replicas, a replica killed mid-run loses no request that had not started, and a replica
+that comes back is given the current versions before it serves; a server started without runtime LoRA loading is
+refused at start with the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_vllm import needs_vllm
+
+from openclaw_cli.backend import BackendError
+
+pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.timeout(900)]
+
+
+def _vllm_cli() -> str:
+    return str(Path(sys.executable).parent / "vllm")
+
+
+class VllmServer:
+    """One ``vllm serve`` process on 127.0.0.1, stopped by :meth:`stop` (and at the end of the test)."""
+
+    def __init__(self, model_dir: Path, port: int, log: Path, *, runtime_lora: bool = True) -> None:
+        self.model_dir, self.port, self.log, self.runtime_lora = model_dir, port, log, runtime_lora
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> VllmServer:
+        env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
+        if self.runtime_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        args = [
+            _vllm_cli(),
+            "serve",
+            str(self.model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enable-lora",
+            "--max-lora-rank",
+            "8",
+            "--max-loras",
+            "6",
+            "--max-cpu-loras",
+            "12",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "4096",
+            "--seed",
+            "0",
+        ]
+        handle = self.log.open("ab")
+        self.process = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            time.sleep(1.0)
+        raise RuntimeError(f"vllm serve not ready after {timeout_s:.0f}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+
+    def adapters(self) -> set[str]:
+        cards = httpx.get(f"{self.url}/v1/models", timeout=10.0).json()["data"]
+        return {c["id"] for c in cards if c.get("parent")}
+
+
+@pytest.fixture(scope="module")
+def learnable_vllm_model(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from e2e_scenario import make_learnable_model
+
+    return make_learnable_model(vllm_model_dir, tmp_path_factory.mktemp("remote") / "learnable")
+
+
+@pytest.fixture(scope="module")
+def servers(learnable_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
+    from runtime_helpers import free_port
+
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    started = [VllmServer(learnable_vllm_model, free_port(), logs / f"server{i}.log").start() for i in range(2)]
+    try:
+        for server in started:
+            server.wait_ready()
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+async def test_the_launch_loop_serves_from_two_vllm_servers_and_loads_each_version_onto_both(
+    servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path
+) -> None:
+    from e2e_scenario import STEPS, ScriptedJudge, e2e_settings, run_scenario
+    from runtime_helpers import free_port
+
+    settings = e2e_settings(learnable_vllm_model, tmp_path, free_port())
+    settings.local.vllm_servers = [s.url for s in servers]
+    settings.local.dtype = "float32"
+    judge = ScriptedJudge()
+    result = await run_scenario(settings, judge, ready_timeout_s=300, check_served_logprobs=True)
+    assert result.sampler_kind == "remote"
+    assert result.version == STEPS and [s[1] for s in result.steps] == list(range(1, STEPS + 1))
+    # Replies served by the servers at the newest version carry the trainer's own log-probabilities.
+    assert result.served_logprob_gap is not None and result.served_logprob_gap < 2e-3
+    # Every version went to both servers, and the retired ones left both (keep_versions of the scenario).
+    assert servers[0].adapters() == servers[1].adapters()
+
+
+async def test_a_replica_killed_mid_run_loses_no_request_and_comes_back_with_the_current_versions(
+    servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from openclaw_cli.backends.local import LocalBackend, remote_vllm
+    from openclaw_cli.settings import Settings
+    from openclaw_cli.types import SamplingParams
+
+    monkeypatch.setattr(remote_vllm, "PROBE_EVERY_S", 1.0)
+    settings = Settings(
+        model=str(learnable_vllm_model),
+        lora={"rank": 4},
+        local={"dtype": "float32", "vllm_servers": [s.url for s in servers], "state_dir": tmp_path / "ckpt"},
+    )
+    backend = LocalBackend(settings)
+    await backend.start()
+    try:
+        assert backend.sampler_kind == "remote"
+        prompt = backend.tokenizer().render([{"role": "user", "content": "Hello!"}])
+        params = SamplingParams(max_tokens=16, temperature=1.0, seed=1)
+        published = await backend.publish("v1")  # the trainer's (untrained) weights, on both servers
+        remote = backend._vllm
+        assert remote is not None
+        name = remote.versions.find(None).handle
+        assert all(name in s.adapters() for s in servers)
+
+        servers[0].stop()  # mid-run: requests that had not started go to the other server
+        replies = await asyncio.gather(*(backend.sample(prompt, params) for _ in range(6)))
+        assert all(r.version == published.version and r.tokens for r in replies)
+        assert not remote.replicas[0].healthy
+
+        second = await backend.publish("v2")  # published while a replica is down: it gets it when back
+        servers[0].start().wait_ready()
+        deadline = time.monotonic() + 60
+        while not remote.replicas[0].healthy:
+            assert time.monotonic() < deadline, remote.status()
+            await asyncio.sleep(0.5)
+        current = remote.versions.find(None).handle
+        assert current in servers[0].adapters() and second.version == published.version + 1
+        remote.replicas[1].healthy = False  # only the restarted server is left: it serves the current version
+        again = await backend.sample(prompt, params)
+        assert again.version == second.version
+        remote.replicas[1].healthy = True
+    finally:
+        await backend.close()
+
+
+async def test_a_server_without_runtime_lora_loading_is_refused_with_the_fix(
+    learnable_vllm_model: Path, tmp_path: Path
+) -> None:
+    from runtime_helpers import free_port
+
+    from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.settings import Settings
+
+    server = VllmServer(learnable_vllm_model, free_port(), tmp_path / "plain.log", runtime_lora=False).start()
+    try:
+        server.wait_ready()
+        settings = Settings(
+            model=str(learnable_vllm_model), lora={"rank": 4}, local={"dtype": "float32", "vllm_servers": [server.url]}
+        )
+        with pytest.raises(BackendError, match=r"runtime LoRA loading is off.*VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+            await LocalBackend(settings).start()
+        unreachable = Settings(
+            model=str(learnable_vllm_model), local={"vllm_servers": [f"http://127.0.0.1:{free_port()}"]}
+        )
+        with pytest.raises(BackendError, match=r"is unreachable.*local.vllm_servers"):
+            await LocalBackend(unreachable).start()
+    finally:
+        server.stop()
