@@ -188,3 +188,15 @@ async def test_log_probabilities_other_than_the_trainers_are_refused_at_start(
     with pytest.raises(BackendError, match=r"1\.50 nats per token .* --logprobs-mode raw_logprobs"):
         await sampler.start()
     await sampler.close()
+
+
+def test_doctor_checks_each_server_without_loading_the_model(tiny_tokenizer: Any) -> None:
+    from openclaw_cli.backends.local import LocalBackend
+
+    with VllmServerDouble(MODEL, tiny_tokenizer.render) as good, VllmServerDouble(MODEL, tiny_tokenizer.render) as off:
+        off.runtime_lora = False
+        checks = LocalBackend.diagnose(Settings(local={"vllm_servers": [good.url, off.url]}))
+    found = {c.name: c for c in checks if c.name.startswith("vLLM server")}
+    assert found[f"vLLM server {good.url}"].ok and MODEL in found[f"vLLM server {good.url}"].detail
+    assert not found[f"vLLM server {off.url}"].ok
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in found[f"vLLM server {off.url}"].detail

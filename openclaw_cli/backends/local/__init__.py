@@ -499,6 +499,10 @@ class LocalBackend(ServesFromSampler):
         except BackendError as exc:
             checks.append(Check("device", False, str(exc)))
         checks.append(_model_check(settings))
+        if settings.local.vllm_servers and settings.local.sampler in ("auto", "remote"):
+            from openclaw_cli.backends.local.remote_checks import server_checks
+
+            return checks + server_checks(settings)
         from openclaw_cli.backends.local.vllm_sampler import vllm_available
 
         usable, why = vllm_available()

@@ -1,6 +1,6 @@
 """What a vLLM server must be before the proxy serves from it (``local.vllm_servers``): each check fails with one
-line naming the fix. ``openclaw launch`` runs them at start (the remote sampler's ``start``), ``openclaw doctor``
-too.
+line naming the fix. ``openclaw launch`` runs them all at start (the remote sampler's ``start``); ``openclaw doctor``
+runs the ones that need no model loaded here (1 and 3, and names the served model: :func:`server_checks`).
 
 1. it answers (``/version``), and is new enough to return the sampled token ids (vLLM >= 0.10.2);
 2. it serves the trainer's model with the same chat template: ``/tokenize`` of a probe conversation gives exactly
@@ -20,12 +20,15 @@ import secrets
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from openclaw_cli.backend import BackendError, ChatTokenizer
+from openclaw_cli.backend import BackendError, ChatTokenizer, Check
 from openclaw_cli.backends.local.lora_delta import LoraWeights, write_peft_adapter
+
+if TYPE_CHECKING:
+    from openclaw_cli.settings import Settings
 
 # log p(tokens[i] | tokens[:i]) under the base model for i >= start (the trainer's torch copy)
 Scorer = Callable[[list[int], int], Awaitable[list[float | None]]]
@@ -187,3 +190,28 @@ async def _raw_logprobs(
             "tokens: start it with --logprobs-mode raw_logprobs (the default), the trainer's model and a dtype "
             "close to local.dtype"
         )
+
+
+def server_checks(settings: Settings) -> list[Check]:
+    """``openclaw doctor``'s view of each server in ``local.vllm_servers``: reachable, recent enough, runtime LoRA
+    loading on, and which model it serves (the template, adapter and log-probability checks need the model loaded:
+    ``openclaw launch`` runs them)."""
+    key = settings.local.vllm_api_key
+    headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+
+    async def one(client: httpx.AsyncClient, url: str) -> Check:
+        try:
+            version = await _version(client, url)
+            if version < MIN_VERSION:
+                raise BackendError(f"vLLM {'.'.join(map(str, version))} is too old to return token ids (>= 0.10.2)")
+            model = await _served_model(client, url)
+            await _runtime_lora_on(client, url)
+        except BackendError as exc:
+            return Check(f"vLLM server {url}", False, str(exc))
+        return Check(f"vLLM server {url}", True, f"serves {model}; runtime LoRA loading on")
+
+    async def every() -> list[Check]:
+        async with httpx.AsyncClient(headers=headers) as client:
+            return list(await asyncio.gather(*(one(client, u.rstrip("/")) for u in settings.local.vllm_servers)))
+
+    return asyncio.run(every())
