@@ -377,6 +377,12 @@ class LocalSettings(_Section):
         "version loaded onto every one; the trainer stays in this process.",
     )
     vllm_api_key: SecretStr | None = Field(None, description="The servers' --api-key, if they were started with one.")
+    vllm_publish: Literal["load", "resolver"] = Field(
+        "load",
+        description="load = each version is loaded onto every listed server (/v1/load_lora_adapter); resolver = "
+        "written into vllm_adapter_dir only, which the servers read with vLLM's filesystem resolver by name on their "
+        "first request for it (one URL behind your own load balancer works).",
+    )
     vllm_adapter_dir: Path | None = Field(
         None,
         description="Where each version's PEFT adapter is written for the servers to load: a directory every server "

@@ -200,3 +200,34 @@ def test_doctor_checks_each_server_without_loading_the_model(tiny_tokenizer: Any
     assert found[f"vLLM server {good.url}"].ok and MODEL in found[f"vLLM server {good.url}"].detail
     assert not found[f"vLLM server {off.url}"].ok
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in found[f"vLLM server {off.url}"].detail
+
+
+async def test_one_url_mode_writes_each_version_for_the_servers_resolver_and_never_loads_it(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """local.vllm_publish = resolver: a version is only written (naming the server's --model as its base) into the
+    directory the servers' filesystem resolver reads; a one-token request names it before it serves; a server whose
+    resolver does not read that directory is refused at start with the fix."""
+    shared = tmp_path / "adapters"
+    for double in doubles:
+        double.resolver_dir = shared
+    async with started(doubles, tiny_tokenizer, tmp_path, vllm_publish="resolver") as sampler:
+        info = await sampler.publish(_weights(scale=0.1))
+        name = sampler.versions.find(None).handle
+        config = (shared / name / "adapter_config.json").read_text()
+        assert f'"base_model_name_or_path": "{MODEL}"' in config
+        assert any(name in d.loras for d in doubles)  # resolved by the server that took the one-token request
+        prompt = _prompt(tiny_tokenizer)
+        replies = await asyncio.gather(
+            *(sampler.sample(prompt, SamplingParams(max_tokens=2, seed=s)) for s in range(6))
+        )
+        assert {r.version for r in replies} == {info.version} and all(name in d.loras for d in doubles)
+    blind = VllmServerDouble(MODEL, tiny_tokenizer.render)  # runtime LoRA on, no resolver
+    with blind:
+        settings = Settings(lora={"rank": 4}, local={"vllm_servers": [blind.url], "vllm_publish": "resolver"})
+        sampler = RemoteVLLMSampler(Path(MODEL), tiny_tokenizer, settings, adapter_dir=shared, probe_weights=_weights())
+        with pytest.raises(
+            BackendError, match="VLLM_PLUGINS=lora_filesystem_resolver and VLLM_LORA_RESOLVER_CACHE_DIR"
+        ):
+            await sampler.start()
+        await sampler.close()

@@ -32,8 +32,11 @@ def _vllm_cli() -> str:
 class VllmServer:
     """One ``vllm serve`` process on 127.0.0.1, stopped by :meth:`stop` (and at the end of the test)."""
 
-    def __init__(self, model_dir: Path, port: int, log: Path, *, runtime_lora: bool = True) -> None:
+    def __init__(
+        self, model_dir: Path, port: int, log: Path, *, runtime_lora: bool = True, resolver_dir: Path | None = None
+    ) -> None:
         self.model_dir, self.port, self.log, self.runtime_lora = model_dir, port, log, runtime_lora
+        self.resolver_dir = resolver_dir
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -42,6 +45,9 @@ class VllmServer:
         env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
         if self.runtime_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.resolver_dir is not None:  # vLLM's filesystem resolver: adapters loaded by name from this directory
+            env["VLLM_PLUGINS"] = "lora_filesystem_resolver"
+            env["VLLM_LORA_RESOLVER_CACHE_DIR"] = str(self.resolver_dir)
         args = [
             _vllm_cli(),
             "serve",
@@ -181,6 +187,45 @@ async def test_a_replica_killed_mid_run_loses_no_request_and_comes_back_with_the
         remote.replicas[1].healthy = True
     finally:
         await backend.close()
+
+
+async def test_one_url_with_the_filesystem_resolver_serves_each_new_version_exactly(
+    learnable_vllm_model: Path, tmp_path: Path
+) -> None:
+    """local.vllm_publish = resolver: versions are only written into the directory the server's resolver reads; the
+    server loads each by name and serves it with the trainer's own log-probabilities."""
+    from e2e_scenario import served_logprob_gap
+    from runtime_helpers import free_port
+
+    from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.settings import Settings
+    from openclaw_cli.types import AdamParams, SamplingParams, datum_from_completion
+
+    shared = tmp_path / "resolver"
+    shared.mkdir()
+    server = VllmServer(learnable_vllm_model, free_port(), tmp_path / "resolver.log", resolver_dir=shared).start()
+    try:
+        server.wait_ready()
+        local = {"dtype": "float32", "vllm_servers": [server.url], "vllm_publish": "resolver"}
+        settings = Settings(
+            model=str(learnable_vllm_model), lora={"rank": 4}, local={**local, "vllm_adapter_dir": shared}
+        )
+        backend = LocalBackend(settings)
+        await backend.start()
+        try:
+            prompt = backend.tokenizer().render([{"role": "user", "content": "Hello!"}])
+            reply = await backend.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=3))
+            datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
+            await backend.forward_backward([datum], "importance_sampling")
+            await backend.optim_step(AdamParams(learning_rate=5e-2))  # weights far from the base: a real change
+            info = await backend.publish("trained")
+            assert info.version == 1 and backend.current_version().version == 1
+            assert any(name.endswith("-shared-v1") for name in server.adapters())  # the server resolved it by name
+            assert await served_logprob_gap(backend, prompt) < 2e-3
+        finally:
+            await backend.close()
+    finally:
+        server.stop()
 
 
 async def test_a_server_without_runtime_lora_loading_is_refused_with_the_fix(

@@ -10,7 +10,9 @@ with ``token_ids`` and ``logprobs.token_logprobs`` per delta.
 No model runs: a reply is ``max_tokens`` token ids drawn from (model name, prompt, seed), each with log-probability
 -0.5, and ends with finish reason "length". Knobs: ``fail_next`` (the next N completions answer 503 before any
 token), ``die_after`` (a stream closes the connection after that many tokens), ``runtime_lora``, ``version``,
-``max_lora_rank``, :meth:`restart` (a new process: our adapters are gone). Never use it outside tests.
+``max_lora_rank``, ``resolver_dir`` (vLLM's filesystem resolver: an unknown model name loads ``<dir>/<name>`` when its
+``adapter_config.json`` is a LoRA naming this server's model as its base), :meth:`restart` (a new process: our
+adapters are gone). Never use it outside tests.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class VllmServerDouble:
         self.model, self.render = model, render
         self.runtime_lora, self.version = runtime_lora, version
         self.max_lora_rank = 16
+        self.resolver_dir: Path | None = None
         self.loras: dict[str, str] = {}  # name -> path
         self.fail_next = 0
         self.die_after: int | None = None
@@ -77,7 +80,7 @@ class VllmServerDouble:
         if method == "GET" and path == "/version":
             return 200, {"version": self.version}
         if method == "GET" and path == "/v1/models":
-            cards = [{"id": self.model, "object": "model"}]
+            cards = [{"id": self.model, "object": "model", "root": self.model}]
             cards += [{"id": n, "object": "model", "root": p, "parent": self.model} for n, p in self.loras.items()]
             return 200, {"object": "list", "data": cards}
         if method == "POST" and path == "/tokenize":
@@ -106,6 +109,16 @@ class VllmServerDouble:
         self.loras[name] = str(config.parent)
         return 200, f"Success: LoRA adapter '{name}' added successfully."
 
+    def _resolve(self, name: str) -> None:
+        """vLLM's filesystem resolver, asked for an unknown model name (it needs runtime LoRA updating on too)."""
+        if name == self.model or name in self.loras or self.resolver_dir is None or not self.runtime_lora:
+            return
+        config = self.resolver_dir / name / "adapter_config.json"
+        if config.is_file():
+            found = json.loads(config.read_text())
+            if found.get("peft_type") == "LORA" and found.get("base_model_name_or_path") == self.model:
+                self.loras[name] = str(config.parent)
+
     def _make_server(self, port: int) -> ThreadingHTTPServer:
         double = self
 
@@ -126,6 +139,7 @@ class VllmServerDouble:
                     failing = double.fail_next > 0
                     double.fail_next -= 1 if failing else 0
                 model = body.get("model")
+                double._resolve(str(model))
                 if failing:
                     self._answer(503, _error("the engine is overloaded", 503))
                     return

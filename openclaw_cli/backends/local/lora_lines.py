@@ -61,6 +61,9 @@ class LoraLines:
         self.keep = keep
         self.adapter_dir = Path(adapter_dir)
         self.model_path = Path(model_path)
+        # What each adapter's config names as its base (vLLM's filesystem resolver loads an adapter only when this is
+        # the server's --model string exactly): the model's path here unless the sampler knows the server's name.
+        self.base_model_name = str(model_path)
         self.run = secrets.token_hex(3)  # names stay new across restarts of this process, against a server that stays
         self._load, self._unload = load, unload
         self.base = ServedLora(PolicyVersion(BASE_VERSION, "base"), None, None)
@@ -132,7 +135,7 @@ class LoraLines:
         name = f"openclaw-{self.run}-{label}"
         path = self.adapter_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(write_peft_adapter, weights, path, self.model_path)
+        await asyncio.to_thread(write_peft_adapter, weights, path, self.base_model_name)
         try:
             return await self._load(path, name, what), path
         except Exception:

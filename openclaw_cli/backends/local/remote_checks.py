@@ -7,7 +7,8 @@ runs the ones that need no model loaded here (1 and 3, and names the served mode
    the tokens our own rendering does;
 3. runtime LoRA loading is on (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; without it the routes are 404);
 4. it can load our adapter: the LoRA rank fits its ``--max-lora-rank``, and it reads ``local.vllm_adapter_dir`` at
-   the path we write to;
+   the path we write to (with ``local.vllm_publish = "resolver"``: its filesystem resolver finds an adapter written
+   there, by name);
 5. its log-probabilities are the policy's own: a short reply sampled at temperature 0.5 is rescored by the trainer's
    torch copy of the base model; raw log-probabilities (vLLM's default) agree, processed ones (``--logprobs-mode
    processed_logprobs``) or another model's do not.
@@ -48,20 +49,24 @@ async def check_server(
     model_path: Path,
     probe_weights: LoraWeights | None,
     scorer: Scorer | None,
-) -> str:
-    """Run the checks of the module docstring against ``url``; returns the name the server serves its model by."""
+    resolver: bool = False,
+) -> tuple[str, str]:
+    """Run the checks of the module docstring against ``url``; returns the name the server serves its model by and
+    its ``--model`` string (what an adapter the resolver loads must name as its base)."""
     version = await _version(client, url)
     if version < MIN_VERSION:
         shown = ".".join(map(str, version))
         raise BackendError(f"vLLM {shown} at {url} is too old to return token ids; upgrade it to vLLM >= 0.10.2")
-    model = await _served_model(client, url)
+    model, root = await _served_model(client, url)
     await _same_template(client, url, model, tokenizer)
     await _runtime_lora_on(client, url)
-    if probe_weights is not None:
+    if probe_weights is not None and resolver:
+        await _resolves_our_adapter(client, url, adapter_dir, root, probe_weights, tokenizer)
+    elif probe_weights is not None:
         await _loads_our_adapter(client, url, adapter_dir, model_path, probe_weights)
     if scorer is not None:
         await _raw_logprobs(client, url, model, tokenizer, scorer)
-    return model
+    return model, root
 
 
 async def _get(client: httpx.AsyncClient, url: str) -> Any:
@@ -89,12 +94,13 @@ async def _version(client: httpx.AsyncClient, url: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-async def _served_model(client: httpx.AsyncClient, url: str) -> str:
+async def _served_model(client: httpx.AsyncClient, url: str) -> tuple[str, str]:
+    """The base model's served name and its ``--model`` string (the card's root)."""
     cards = (await _get(client, f"{url}/v1/models")).get("data") or []
-    bases = [c["id"] for c in cards if not c.get("parent") and not str(c.get("id", "")).startswith("openclaw-")]
+    bases = [c for c in cards if not c.get("parent") and not str(c.get("id", "")).startswith("openclaw-")]
     if not bases:
         raise BackendError(f"{url} lists no model in /v1/models")
-    return str(bases[0])
+    return str(bases[0]["id"]), str(bases[0].get("root") or bases[0]["id"])
 
 
 async def _same_template(client: httpx.AsyncClient, url: str, model: str, tokenizer: ChatTokenizer) -> None:
@@ -158,6 +164,33 @@ async def _loads_our_adapter(
     raise BackendError(f"{url} refused a LoRA adapter of ours (HTTP {response.status_code}): {text[:300]}")
 
 
+async def _resolves_our_adapter(
+    client: httpx.AsyncClient, url: str, adapter_dir: Path, root: str, weights: LoraWeights, tokenizer: ChatTokenizer
+) -> None:
+    name = f"openclaw-probe-{secrets.token_hex(4)}"
+    path = adapter_dir / name
+    await asyncio.to_thread(write_peft_adapter, weights, path, root)
+    body = {"model": name, "prompt": tokenizer.render(PROBE), "max_tokens": 1, "temperature": 0.0}
+    try:
+        response = await client.post(f"{url}/v1/completions", json=body, timeout=120.0)
+    except httpx.HTTPError as exc:
+        raise BackendError(f"{url} failed while resolving a probe adapter ({exc})") from exc
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    if response.status_code == 200:
+        await client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=10.0)
+        return
+    text = response.text[:200]
+    if "rank" in text.lower():
+        rank = next(iter(weights.values())).a.shape[0] if weights else 0
+        raise BackendError(f"{url} cannot load a LoRA of rank {rank}: start it with --max-lora-rank at least {rank}")
+    raise BackendError(
+        f"{url} did not find an adapter written to {adapter_dir} ({text}): start it with "
+        f"VLLM_PLUGINS=lora_filesystem_resolver and VLLM_LORA_RESOLVER_CACHE_DIR={adapter_dir} (the same directory "
+        "at the same path), or set local.vllm_publish = 'load'"
+    )
+
+
 async def _raw_logprobs(
     client: httpx.AsyncClient, url: str, model: str, tokenizer: ChatTokenizer, scorer: Scorer
 ) -> None:
@@ -204,7 +237,7 @@ def server_checks(settings: Settings) -> list[Check]:
             version = await _version(client, url)
             if version < MIN_VERSION:
                 raise BackendError(f"vLLM {'.'.join(map(str, version))} is too old to return token ids (>= 0.10.2)")
-            model = await _served_model(client, url)
+            model, _ = await _served_model(client, url)
             await _runtime_lora_on(client, url)
         except BackendError as exc:
             return Check(f"vLLM server {url}", False, str(exc))

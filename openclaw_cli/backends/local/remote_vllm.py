@@ -13,6 +13,12 @@ onto every server with vLLM's runtime LoRA API (``/v1/load_lora_adapter``; the s
 starts, so a stream in flight finishes on its version while the next one is published. Versions out of the kept
 window that no request pins are unloaded and their directories deleted.
 
+**One URL** (``local.vllm_publish = "resolver"``, e.g. your own load balancer in front of many replicas): a version is
+only written, under its new name and naming the server's ``--model`` as its base, into the directory the servers'
+filesystem resolver reads (``VLLM_PLUGINS=lora_filesystem_resolver``, ``VLLM_LORA_RESOLVER_CACHE_DIR``); each
+replica loads it by name on its first request for it. A one-token request names it before it serves, so a version
+that does not resolve fails the publish, not a user's request.
+
 **Replicas.** Requests go to the healthy server with the fewest requests of ours in flight. A request that fails
 before its first token (connection refused, a 5xx, a server that lost our adapters by restarting) is retried on
 another server, and nothing is captured twice since nothing was returned; a server that dies mid-stream ends that
@@ -101,6 +107,7 @@ class RemoteVLLMSampler:
             headers=headers, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
         )
         self.served_model = ""  # the servers' base model name (what a request without an adapter names)
+        self.resolver = local.vllm_publish == "resolver"
         self.versions = LoraLines(
             keep=local.keep_versions,
             adapter_dir=adapter_dir,
@@ -116,7 +123,7 @@ class RemoteVLLMSampler:
         """Check every server (one clear error naming the fix, per :mod:`remote_checks`), then serve from those."""
         self.versions.adapter_dir.mkdir(parents=True, exist_ok=True)
         for replica in self.replicas:
-            found = await check_server(
+            found, root = await check_server(
                 self._client,
                 replica.url,
                 self.tokenizer,
@@ -124,7 +131,10 @@ class RemoteVLLMSampler:
                 model_path=self.model_path,
                 probe_weights=self.probe_weights,
                 scorer=self.scorer,
+                resolver=self.resolver,
             )
+            if self.resolver:
+                self.versions.base_model_name = root  # the resolver loads an adapter naming the server's --model
             if self.served_model and found != self.served_model:
                 raise BackendError(
                     f"the vLLM servers serve different models ({self.served_model!r} and {found!r} at {replica.url}); "
@@ -169,6 +179,9 @@ class RemoteVLLMSampler:
         return self.versions.make_current(version, adapter)
 
     async def _load_everywhere(self, path: Path, name: str, what: str) -> str:
+        if self.resolver:
+            await self._resolves(name, what)
+            return name
         healthy = [r for r in self.replicas if r.healthy]
         if not healthy:
             raise BackendError(f"no vLLM server is up to load {what} onto", retryable=True)
@@ -196,9 +209,25 @@ class RemoteVLLMSampler:
             raise BackendError(f"{replica.url}: {_error_text(response)}")
         replica.loaded.add(name)
 
+    async def _resolves(self, name: str, what: str) -> None:
+        """Name the new adapter in a one-token request: the replica that answers loads it from the resolver's
+        directory now, and one that cannot find it fails the publish instead of a user's request."""
+        body = {"model": name, "prompt": [self.tokenizer.eos_token_ids[0]], "max_tokens": 1, "temperature": 0.0}
+        replica = self._pick(self.served_model, set())
+        try:
+            response = await self._client.post(f"{replica.url}/v1/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"no vLLM server answered while loading {what}: {exc}", retryable=True) from exc
+        if response.status_code != 200:
+            raise BackendError(
+                f"{replica.url} could not load {what} from its resolver directory ({_error_text(response)}); the "
+                "servers need VLLM_PLUGINS=lora_filesystem_resolver and VLLM_LORA_RESOLVER_CACHE_DIR set to "
+                "local.vllm_adapter_dir at the same path"
+            )
+
     async def _unload_everywhere(self, name: str) -> None:
         for replica in self.replicas:
-            if name in replica.loaded:
+            if self.resolver or name in replica.loaded:  # resolved adapters are registered too: unload by name
                 replica.loaded.discard(name)
                 with contextlib.suppress(httpx.HTTPError):
                     await self._client.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name})
@@ -225,7 +254,8 @@ class RemoteVLLMSampler:
             self._down(replica, f"not answering: {exc}")
             return
         wanted = [s for s in self.versions.loaded() if s.handle is not None]
-        missing = [s for s in wanted if s.handle not in held]
+        # With the resolver a server loads our adapters by name when asked: nothing to hand over.
+        missing = [] if self.resolver else [s for s in wanted if s.handle not in held]
         if replica.healthy and not missing:
             return
         replica.loaded &= held
@@ -244,7 +274,7 @@ class RemoteVLLMSampler:
         candidates = [
             r
             for r in self.replicas
-            if r.healthy and r.url not in tried and (model == self.served_model or model in r.loaded)
+            if r.healthy and r.url not in tried and (self.resolver or model == self.served_model or model in r.loaded)
         ]
         if not candidates:
             down = "; ".join(f"{r.url}: {r.last_error or 'tried'}" for r in self.replicas)
