@@ -18,15 +18,15 @@ import secrets
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from openclaw_cli.adapters import SHARED_ADAPTER, adapter_dirname
-from openclaw_cli.backend import BASE_VERSION, BackendError
+from openclaw_cli.backend import BASE_VERSION, BackendError, ChatTokenizer
 from openclaw_cli.backends.local.lora_delta import LoraDelta, LoraWeights, write_peft_adapter
-from openclaw_cli.types import PolicyVersion
+from openclaw_cli.types import PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
 
 # (adapter directory, never-reused name, what it is for messages) -> what the engine serves it by
 Load = Callable[[Path, str, str], Awaitable[Any]]
@@ -180,3 +180,120 @@ class LoraLines:
                     await self._unload(served.handle)
             if served.path is not None:
                 shutil.rmtree(served.path, ignore_errors=True)
+
+
+class ServesLoraLines:
+    """The version and whole-reply half of a sampler whose versions are :class:`LoraLines` (the in-process and the
+    remote vLLM samplers): they add ``stream`` (and how to load an adapter)."""
+
+    versions: LoraLines
+    tokenizer: ChatTokenizer
+
+    def current_version(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
+        return self.versions.current(adapter)
+
+    def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
+        return self.versions.servable(adapter)
+
+    async def publish(
+        self,
+        weights: LoraWeights,
+        name: str | None = None,
+        *,
+        version: int | None = None,
+        make_current: bool = True,
+        adapter: str = SHARED_ADAPTER,
+    ) -> PolicyVersion:
+        """Load ``weights`` as ``adapter``'s next version, then serve it (see :meth:`LoraLines.publish`)."""
+        return await self.versions.publish(weights, name, version=version, make_current=make_current, adapter=adapter)
+
+    def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
+        """Serve an already servable version of ``adapter`` from now on (rollback, or promoting a staged one)."""
+        return self.versions.make_current(version, adapter)
+
+    def stream(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
+    ) -> AsyncIterator[StreamEvent]:
+        raise NotImplementedError
+
+    async def sample(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        version: int | None = None,
+        *,
+        adapter: str = SHARED_ADAPTER,
+    ) -> SampleResult:
+        """The whole reply of :meth:`stream`."""
+        result: SampleResult | None = None
+        async for event in self.stream(prompt_tokens, params, version, adapter=adapter):
+            if isinstance(event, SampleResult):
+                result = event
+        if result is None:  # a stream always ends with a SampleResult unless the engine broke its contract
+            raise BackendError("vLLM returned no completion", retryable=True)
+        return result
+
+    def room(self, prompt_tokens: list[int]) -> int:
+        """How many tokens a reply to ``prompt_tokens`` may have; a 400 for an empty or too long prompt."""
+        if not prompt_tokens:
+            raise BackendError("the prompt is empty", status_code=400)
+        context = self.tokenizer.context_length
+        room = context - len(prompt_tokens)
+        if room < 1:
+            raise BackendError(
+                f"the prompt has {len(prompt_tokens)} tokens; the context holds {context}", status_code=400
+            )
+        return room
+
+
+@dataclass
+class StreamedReply:
+    """One reply as a vLLM engine streams it (a step's new token ids, their log-probabilities and its text at a
+    time), and the :class:`SampleResult` it ends as."""
+
+    version: int
+    prompt_tokens: int
+    started: float = field(default_factory=time.time)
+    first_token_at: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finish: str | None = None
+    stop_reason: Any = None
+
+    def add(self, ids: list[int], logprobs: list[float], text: str) -> list[TokenChunk]:
+        """Take one step's tokens; returns a chunk per token (the step's text goes with its last token: vLLM's delta
+        text belongs to the step as a whole)."""
+        if len(ids) != len(logprobs):
+            raise BackendError(f"vLLM sent {len(ids)} tokens with {len(logprobs)} log-probabilities")
+        if ids and not self.first_token_at:
+            self.first_token_at = time.time()
+        self.tokens += ids
+        self.logprobs += logprobs
+        self.text.append(text)
+        last = len(ids) - 1
+        return [
+            TokenChunk(token_id=t, logprob=lp, text=text if i == last else "", version=self.version)
+            for i, (t, lp) in enumerate(zip(ids, logprobs, strict=True))
+        ]
+
+    def result(self) -> SampleResult:
+        if self.finish not in ("stop", "length"):
+            raise BackendError(f"vLLM ended the request with finish reason {self.finish!r}", retryable=True)
+        return SampleResult(
+            tokens=self.tokens,
+            logprobs=self.logprobs,
+            finish_reason="stop" if self.finish == "stop" else "length",
+            version=self.version,
+            text="".join(self.text),
+            stop_sequence=self.stop_reason if isinstance(self.stop_reason, str) else None,
+            prompt_tokens=self.prompt_tokens,
+            started_at=self.started,
+            first_token_at=self.first_token_at or time.time(),
+            finished_at=time.time(),
+        )

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +45,9 @@ from openclaw_cli.adapters import SHARED_ADAPTER
 from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
 from openclaw_cli.backends.local.lora_delta import LoraWeights
-from openclaw_cli.backends.local.lora_lines import LoraLines, ServedLora
+from openclaw_cli.backends.local.lora_lines import LoraLines, ServedLora, ServesLoraLines, StreamedReply
 from openclaw_cli.backends.local.remote_checks import Scorer, check_server
-from openclaw_cli.types import OutputConstraint, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
+from openclaw_cli.types import OutputConstraint, SamplingParams, StreamEvent
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
@@ -75,7 +74,7 @@ class _NoTokenYet(Exception):
     """The request failed before the server sent a token: safe to send it to another server."""
 
 
-class RemoteVLLMSampler:
+class RemoteVLLMSampler(ServesLoraLines):
     """Token-id sampling and streaming from vLLM servers, LoRA versions loaded onto each (see the module docstring).
     Same interface as :class:`~openclaw_cli.backends.local.vllm_sampler.VLLMSampler`."""
 
@@ -155,28 +154,7 @@ class RemoteVLLMSampler:
     def status(self) -> list[dict[str, Any]]:
         return [replica.status() for replica in self.replicas]
 
-    # --- versions (openclaw_cli.backends.local.lora_lines) -----------------------------------------------------
-
-    def current_version(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
-        return self.versions.current(adapter)
-
-    def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
-        return self.versions.servable(adapter)
-
-    async def publish(
-        self,
-        weights: LoraWeights,
-        name: str | None = None,
-        *,
-        version: int | None = None,
-        make_current: bool = True,
-        adapter: str = SHARED_ADAPTER,
-    ) -> PolicyVersion:
-        """Load ``weights`` onto every healthy server as ``adapter``'s next version, then serve it."""
-        return await self.versions.publish(weights, name, version=version, make_current=make_current, adapter=adapter)
-
-    def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
-        return self.versions.make_current(version, adapter)
+    # --- versions: ServesLoraLines; loading onto the servers ------------------------------------------------
 
     async def _load_everywhere(self, path: Path, name: str, what: str) -> str:
         if self.resolver:
@@ -283,22 +261,6 @@ class RemoteVLLMSampler:
 
     # --- sampling -------------------------------------------------------------------------------------------
 
-    async def sample(
-        self,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        version: int | None = None,
-        *,
-        adapter: str = SHARED_ADAPTER,
-    ) -> SampleResult:
-        result: SampleResult | None = None
-        async for event in self.stream(prompt_tokens, params, version, adapter=adapter):
-            if isinstance(event, SampleResult):
-                result = event
-        if result is None:
-            raise BackendError("the vLLM server returned no completion", retryable=True)
-        return result
-
     async def stream(
         self,
         prompt_tokens: list[int],
@@ -309,14 +271,7 @@ class RemoteVLLMSampler:
     ) -> AsyncIterator[StreamEvent]:
         """Yield a :class:`TokenChunk` per sampled token, then one :class:`SampleResult`, from ``adapter``'s
         ``version`` (its current one when None) on the least busy healthy server."""
-        if not prompt_tokens:
-            raise BackendError("the prompt is empty", status_code=400)
-        room = self.tokenizer.context_length - len(prompt_tokens)
-        if room < 1:
-            raise BackendError(
-                f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.tokenizer.context_length}",
-                status_code=400,
-            )
+        room = self.room(prompt_tokens)
         served = self.versions.acquire(version, adapter)
         try:
             body = self._body(served, prompt_tokens, params, min(params.max_tokens, room))
@@ -357,57 +312,28 @@ class RemoteVLLMSampler:
     async def _stream_from(
         self, replica: Replica, body: dict[str, Any], served: ServedLora, prompt_length: int
     ) -> AsyncIterator[StreamEvent]:
-        started = time.time()
-        first_token_at = 0.0
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        text: list[str] = []
-        finish: str | None = None
-        stop_reason: Any = None
+        reply = StreamedReply(served.info.version, prompt_length)
         replica.in_flight += 1
         try:
             async with self._client.stream("POST", f"{replica.url}/v1/completions", json=body) as response:
                 await _raise_for_status(response, body["model"])
-                async for chunk in _events(response):
-                    choice = (chunk.get("choices") or [{}])[0]
+                async for event in _events(response):
+                    choice = (event.get("choices") or [{}])[0]
                     new_ids = [int(t) for t in choice.get("token_ids") or []]
                     new_logprobs = [float(v) for v in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
-                    if len(new_logprobs) != len(new_ids):
-                        raise BackendError(
-                            f"{replica.url} sent {len(new_ids)} tokens with {len(new_logprobs)} logprobs"
-                        )
-                    if new_ids and not first_token_at:
-                        first_token_at = time.time()
-                    for i, (token_id, logprob) in enumerate(zip(new_ids, new_logprobs, strict=True)):
-                        piece = choice.get("text", "") if i == len(new_ids) - 1 else ""
-                        yield TokenChunk(token_id=token_id, logprob=logprob, text=piece, version=served.info.version)
-                    tokens.extend(new_ids)
-                    logprobs.extend(new_logprobs)
-                    text.append(choice.get("text", ""))
+                    for chunk in reply.add(new_ids, new_logprobs, choice.get("text", "")):
+                        yield chunk
                     if choice.get("finish_reason"):
-                        finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
-            if finish is None:  # the stream ended without its last chunk: the server went away
+                        reply.finish, reply.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+            if reply.finish is None:  # the stream ended without its last chunk: the server went away
                 raise httpx.RemoteProtocolError("the stream ended without a finish reason")
         except httpx.HTTPError as exc:
-            if not tokens:
+            if not reply.tokens:
                 raise _NoTokenYet(f"failed before the first token: {exc}") from exc
             raise BackendError(f"the vLLM server {replica.url} stopped mid-reply: {exc}") from exc
         finally:
             replica.in_flight -= 1
-        if finish not in ("stop", "length"):
-            raise BackendError(f"the vLLM server ended the request with finish reason {finish!r}", retryable=True)
-        yield SampleResult(
-            tokens=tokens,
-            logprobs=logprobs,
-            finish_reason="stop" if finish == "stop" else "length",
-            version=served.info.version,
-            text="".join(text),
-            stop_sequence=stop_reason if isinstance(stop_reason, str) else None,
-            prompt_tokens=prompt_length,
-            started_at=started,
-            first_token_at=first_token_at or time.time(),
-            finished_at=time.time(),
-        )
+        yield reply.result()
 
     def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
         """None when the servers' structured outputs can enforce ``constraint`` (the Lark grammar the other samplers

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -40,9 +39,8 @@ from typing import TYPE_CHECKING, Any
 from openclaw_cli.adapters import SHARED_ADAPTER, separate_adapters
 from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
-from openclaw_cli.backends.local.lora_delta import LoraWeights
-from openclaw_cli.backends.local.lora_lines import LoraLines
-from openclaw_cli.types import OutputConstraint, PolicyVersion, SampleResult, SamplingParams, StreamEvent, TokenChunk
+from openclaw_cli.backends.local.lora_lines import LoraLines, ServesLoraLines, StreamedReply
+from openclaw_cli.types import OutputConstraint, SamplingParams, StreamEvent
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
@@ -104,7 +102,7 @@ def vllm_lora_slots(settings: Settings) -> tuple[int, int]:
     return in_batch, max(in_batch, resident * (keep + 1) + 1)
 
 
-class VLLMSampler:
+class VLLMSampler(ServesLoraLines):
     """Token-id sampling and streaming from vLLM's ``AsyncLLM`` with LoRA versions.
 
     ``model_path`` is a local HF-style dir (``LoadedModel.path``); ``adapter_dir`` receives one PEFT adapter dir
@@ -185,29 +183,7 @@ class VLLMSampler:
             self._engine.shutdown()
             self._engine = None
 
-    # --- versions (openclaw_cli.backends.local.lora_lines) -----------------------------------------------------
-
-    def current_version(self, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
-        return self.versions.current(adapter)
-
-    def servable(self, adapter: str = SHARED_ADAPTER) -> list[int]:
-        return self.versions.servable(adapter)
-
-    async def publish(
-        self,
-        weights: LoraWeights,
-        name: str | None = None,
-        *,
-        version: int | None = None,
-        make_current: bool = True,
-        adapter: str = SHARED_ADAPTER,
-    ) -> PolicyVersion:
-        """Load ``weights`` into vLLM as ``adapter``'s next version, then serve it (see LoraLines.publish)."""
-        return await self.versions.publish(weights, name, version=version, make_current=make_current, adapter=adapter)
-
-    def make_current(self, version: int, adapter: str = SHARED_ADAPTER) -> PolicyVersion:
-        """Serve an already servable version of ``adapter`` from now on (rollback, or promoting a staged one)."""
-        return self.versions.make_current(version, adapter)
+    # --- versions: ServesLoraLines; vLLM's side of loading ---------------------------------------------------
 
     async def _load_adapter(self, path: Path, name: str, what: str) -> Any:
         """Load the PEFT adapter at ``path`` into vLLM; returns the ``LoRARequest`` that serves it."""
@@ -227,22 +203,6 @@ class VLLMSampler:
 
     # --- sampling -------------------------------------------------------------------------------------------
 
-    async def sample(
-        self,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        version: int | None = None,
-        *,
-        adapter: str = SHARED_ADAPTER,
-    ) -> SampleResult:
-        result: SampleResult | None = None
-        async for event in self.stream(prompt_tokens, params, version, adapter=adapter):
-            if isinstance(event, SampleResult):
-                result = event
-        if result is None:  # the stream always ends with a SampleResult unless vLLM broke its contract
-            raise BackendError("vLLM returned no completion", retryable=True)
-        return result
-
     async def stream(
         self,
         prompt_tokens: list[int],
@@ -256,22 +216,9 @@ class VLLMSampler:
         engine = self._require_engine()
         from vllm.inputs import TokensPrompt
 
-        if not prompt_tokens:
-            raise BackendError("the prompt is empty", status_code=400)
-        room = self.tokenizer.context_length - len(prompt_tokens)
-        if room < 1:
-            raise BackendError(
-                f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.tokenizer.context_length}",
-                status_code=400,
-            )
+        room = self.room(prompt_tokens)
         served = self.versions.acquire(version, adapter)
-        started = time.time()
-        first_token_at = 0.0
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        text_parts: list[str] = []
-        finish_reason: str | None = None
-        stop_reason: Any = None
+        reply = StreamedReply(served.info.version, len(prompt_tokens))
         try:
             request = engine.generate(
                 TokensPrompt(prompt_token_ids=list(prompt_tokens)),
@@ -284,34 +231,13 @@ class VLLMSampler:
                 async for output in request:
                     completion = output.outputs[0]
                     new_ids = list(completion.token_ids)
-                    new_logprobs = _sampled_logprobs(completion.logprobs, new_ids)
-                    if new_ids and not first_token_at:
-                        first_token_at = time.time()
-                    for i, (token_id, logprob) in enumerate(zip(new_ids, new_logprobs, strict=True)):
-                        # vLLM's delta text belongs to the step as a whole; give it to the step's last token.
-                        text = completion.text if i == len(new_ids) - 1 else ""
-                        yield TokenChunk(token_id=token_id, logprob=logprob, text=text, version=served.info.version)
-                    tokens.extend(new_ids)
-                    logprobs.extend(new_logprobs)
-                    text_parts.append(completion.text)
+                    for chunk in reply.add(new_ids, _sampled_logprobs(completion.logprobs, new_ids), completion.text):
+                        yield chunk
                     if output.finished:
-                        finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
+                        reply.finish, reply.stop_reason = completion.finish_reason, completion.stop_reason
         finally:
             await self.versions.release(served)
-        if finish_reason not in ("stop", "length"):
-            raise BackendError(f"vLLM ended the request with finish reason {finish_reason!r}", retryable=True)
-        yield SampleResult(
-            tokens=tokens,
-            logprobs=logprobs,
-            finish_reason="stop" if finish_reason == "stop" else "length",
-            version=served.info.version,
-            text="".join(text_parts),
-            stop_sequence=stop_reason if isinstance(stop_reason, str) else None,
-            prompt_tokens=len(prompt_tokens),
-            started_at=started,
-            first_token_at=first_token_at or time.time(),
-            finished_at=time.time(),
-        )
+        yield reply.result()
 
     def _vllm_params(self, params: SamplingParams, max_tokens: int) -> Any:
         from vllm.sampling_params import RequestOutputKind
