@@ -231,3 +231,12 @@ async def test_one_url_mode_writes_each_version_for_the_servers_resolver_and_nev
         ):
             await sampler.start()
         await sampler.close()
+
+
+async def test_closing_takes_every_version_off_the_servers_and_the_shared_directory(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        await sampler.publish(_weights(scale=0.1))
+        assert all(len(d.loras) == 2 for d in doubles)  # the base's zero adapter and version 1
+    assert all(d.loras == {} for d in doubles) and list((tmp_path / "adapters").iterdir()) == []

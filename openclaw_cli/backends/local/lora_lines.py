@@ -171,6 +171,19 @@ class LoraLines:
         if served in self._retired:
             await self._free_retired()
 
+    async def unload_all(self) -> None:
+        """At shutdown: take every version out of the engine and delete its directory (a server that stays up keeps
+        nothing of ours in memory, and a shared directory nothing on disk)."""
+        everything = list(self.loaded())
+        self._retired, self._lines = [], {}
+        for served in everything:
+            if served.handle is not None:
+                with contextlib.suppress(Exception):
+                    await self._unload(served.handle)
+            if served.path is not None:
+                shutil.rmtree(served.path, ignore_errors=True)
+        self.base.handle = self.base.path = None
+
     async def _free_retired(self) -> None:
         """Unload retired versions nobody uses any more and delete their adapter dirs."""
         for served in [s for s in self._retired if s.in_flight == 0]:

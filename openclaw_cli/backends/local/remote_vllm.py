@@ -144,6 +144,8 @@ class RemoteVLLMSampler(ServesLoraLines):
         self._watch = asyncio.create_task(self._watch_replicas(), name="openclaw-vllm-servers")
 
     async def close(self) -> None:
+        """Unload our versions from the servers (they stay up) and delete their directories, then stop."""
+        await self.versions.unload_all()
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
