@@ -155,6 +155,8 @@ class LocalBackend(ServesFromSampler):
                 try:
                     await vllm.start()
                 except BaseException:
+                    with contextlib.suppress(Exception):  # its connections and watcher (a remote sampler's)
+                        await vllm.close()
                     torch_sampler.close()
                     shutil.rmtree(self._vllm_adapters, ignore_errors=True)
                     raise
