@@ -172,6 +172,8 @@ async def test_a_replica_killed_mid_run_loses_no_request_and_comes_back_with_the
         replies = await asyncio.gather(*(backend.sample(prompt, params) for _ in range(6)))
         assert all(r.version == published.version and r.tokens for r in replies)
         assert not remote.replicas[0].healthy
+        down = backend.serving_status()["vllm_servers"][0]
+        assert down["url"] == servers[0].url and not down["healthy"] and down["last_error"]
 
         second = await backend.publish("v2")  # published while a replica is down: it gets it when back
         servers[0].start().wait_ready()

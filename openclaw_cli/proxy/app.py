@@ -188,6 +188,9 @@ def _control_routes() -> list[Route]:
         versions = version_status(request.app)
         if versions is not None:
             body["versions"] = versions
+        serving = getattr(state.backend, "serving_status", None)  # e.g. the vLLM servers a local backend serves from
+        if callable(serving):
+            body["serving"] = serving()
         # Store reads run off the event loop, time-limited: a busy store must not stall the replies being served.
         stats = getattr(state.sink, "stats", None)
         if stats is not None:

@@ -381,6 +381,14 @@ class LocalBackend(ServesFromSampler):
             self._vllm.make_current(version, self._adapter)
         return self._require_versions().make_current(version, self._adapter)
 
+    def serving_status(self) -> dict[str, Any]:
+        """What serves (for ``openclaw status``): the sampler, and each vLLM server's health when they serve."""
+        status: dict[str, Any] = {"sampler": self.sampler_kind}
+        servers = getattr(self._vllm, "status", None)
+        if callable(servers):
+            status["vllm_servers"] = servers()
+        return status
+
     def servable_versions(self) -> list[int]:
         """Version numbers that can be served or activated now (0 = the base model), oldest first."""
         return self._require_versions().servable(self._adapter)
