@@ -240,3 +240,20 @@ async def test_closing_takes_every_version_off_the_servers_and_the_shared_direct
         await sampler.publish(_weights(scale=0.1))
         assert all(len(d.loras) == 2 for d in doubles)  # the base's zero adapter and version 1
     assert all(d.loras == {} for d in doubles) and list((tmp_path / "adapters").iterdir()) == []
+
+
+async def test_owners_adapters_are_served_by_their_own_names_on_the_servers(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """An adapter per owner through the servers: each owner's versions are numbered on their own and loaded under
+    names of their own; a request of an owner names that owner's adapter only."""
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        alice, bob = "key:0123456789abcdef", "key:fedcba9876543210"
+        assert (await sampler.publish(_weights(scale=0.1), adapter=alice)).version == 1
+        assert (await sampler.publish(_weights(scale=0.2), adapter=bob)).version == 1
+        hers, his = sampler.versions.find(None, alice).handle, sampler.versions.find(None, bob).handle
+        assert hers != his and "key-0123456789abcdef-v1" in hers and all({hers, his} <= set(d.loras) for d in doubles)
+        prompt = _prompt(tiny_tokenizer)
+        await sampler.sample(prompt, SamplingParams(max_tokens=2), adapter=bob)
+        assert [b["model"] for d in doubles for b in d.completions] == [his]
+        assert sampler.current_version().version == 0  # the shared adapter never published
