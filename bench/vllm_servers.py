@@ -48,7 +48,16 @@ def start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], s
     port = free_port()
     env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    args = [str(Path(sys.executable).parent / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1"]
+    # The server module rather than the `vllm` command: the CPU build's command fails looking up its own version.
+    args = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+    ]
     args += ["--port", str(port), "--enable-lora", "--max-lora-rank", "32", "--max-loras", "6"]
     args += ["--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--seed", "0"]
     proc = subprocess.Popen(args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)

