@@ -99,9 +99,9 @@ class StepLedger(HandoffQueue):
                 (adapter, step, version, time.time() if now is None else now, dumps_json(metrics)),
             )
 
-    def steps_taken(self, when: float) -> int:
-        """Steps recorded at or before ``when`` by every adapter together (the trackers' step axis)."""
-        return int(self._read("SELECT COUNT(*) FROM steps WHERE created_at <= ?", (when,))[0][0])
+    def step_times(self) -> list[float]:
+        """When each step of every adapter was recorded, in order (the trackers' step axis counts them)."""
+        return [float(row[0]) for row in self._read("SELECT created_at FROM steps ORDER BY created_at")]
 
     def steps(
         self, *, after: int | None = None, adapter: str = SHARED_ADAPTER

@@ -5,6 +5,7 @@ and the rows wait (in the store, or in memory for a pushed source) until it take
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -59,14 +60,23 @@ class StoreRows:
         self.run_id = run_id
 
     def rows_after(self, sent: dict[str, int]) -> list[Row]:
-        rows = []
-        for adapter in self.store.trained_adapters():
-            stream = step_stream(adapter)
-            for s, v, t, m in self.store.steps(after=sent.get(stream, 0), adapter=adapter):
-                rows.append(Row(stream, s, self.store.steps_taken(t), t, adapter_scalars(adapter, step_scalars(v, m))))
+        new_steps = [
+            (adapter, step)
+            for adapter in self.store.trained_adapters()
+            for step in self.store.steps(after=sent.get(step_stream(adapter), 0), adapter=adapter)
+        ]
+        evaluations = self.store.evaluations(after=sent.get("eval", 0))
+        times = self.store.step_times()  # read last: it holds every step read above
+
+        def steps_taken(when: float) -> int:
+            return bisect.bisect_right(times, when)
+
+        rows = [
+            Row(step_stream(adapter), s, steps_taken(t), t, adapter_scalars(adapter, step_scalars(v, m)))
+            for adapter, (s, v, t, m) in new_steps
+        ]
         # An evaluation is logged at the last step recorded before it ran.
-        for eval_id, at, report in self.store.evaluations(after=sent.get("eval", 0)):
-            rows.append(Row("eval", eval_id, self.store.steps_taken(at), at, eval_scalars(report)))
+        rows += [Row("eval", eval_id, steps_taken(at), at, eval_scalars(report)) for eval_id, at, report in evaluations]
         # In step order, an evaluation after the step it followed: W&B drops a row logged at an earlier step.
         return sorted(rows, key=lambda row: (row.step, row.stream == "eval"))
 

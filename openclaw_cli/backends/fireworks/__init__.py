@@ -80,7 +80,9 @@ class FireworksBackend(DelegatingBackend):
         """Why this mode cannot serve owners apart (None when it can), for the error at start."""
         if self.serves_adapters:
             return None
-        return "a hot-reload Fireworks deployment holds one LoRA for everyone (use fireworks.addon_mode = 'multi_lora')"
+        from openclaw_cli.backends.fireworks.batch import HOT_RELOAD_HOLDS_ONE_LORA
+
+        return HOT_RELOAD_HOLDS_ONE_LORA
 
     def adapter(self, name: str) -> Backend:
         if name == SHARED_ADAPTER:

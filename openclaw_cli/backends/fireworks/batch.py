@@ -117,6 +117,9 @@ STATE_FILE = "openclaw-state.json"  # the checkpoint marker the trainer loop loo
 BATCH_STATE_FILE = "batch-state.json"
 PENDING_FILE = "pending.jsonl"
 USAGE_FILE = "usage.json"
+HOT_RELOAD_HOLDS_ONE_LORA = (
+    "a hot-reload Fireworks deployment holds one LoRA for everyone (use fireworks.addon_mode = 'multi_lora')"
+)
 _STATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ID_CHARS = re.compile(r"[^a-z0-9-]+")
 
@@ -400,11 +403,7 @@ class FireworksBatchBackend(ServesFromSampler):
             return self
         sampler = self._require_sampler()
         if not self.serves_adapters:
-            raise BackendError(
-                "a hot-reload Fireworks deployment holds one LoRA for everyone; an adapter per owner needs "
-                "fireworks.addon_mode = 'multi_lora', or set lora.scope = 'shared'",
-                status_code=501,
-            )
+            raise BackendError(f"{HOT_RELOAD_HOLDS_ONE_LORA}, or set lora.scope = 'shared'", status_code=501)
         view = self._views.get(name)
         if view is None:
             view = copy.copy(self)  # shares the clients, control, tokenizer, deployment and job counter

@@ -60,7 +60,6 @@ class LoraLines:
     def __init__(self, *, keep: int, adapter_dir: Path, model_path: Path, load: Load, unload: Unload) -> None:
         self.keep = keep
         self.adapter_dir = Path(adapter_dir)
-        self.model_path = Path(model_path)
         # What each adapter's config names as its base (vLLM's filesystem resolver loads an adapter only when this is
         # the server's --model string exactly): the model's path here unless the sampler knows the server's name.
         self.base_model_name = str(model_path)
@@ -106,10 +105,7 @@ class LoraLines:
         pinned). Loaded before switching, so the first request on it pays nothing."""
         async with self._lock:
             if self.base.handle is None:
-                zeros = {
-                    k: LoraDelta(d.a.new_zeros(d.a.shape), d.b.new_zeros(d.b.shape), d.scaling)
-                    for k, d in weights.items()
-                }
+                zeros = {key: _zero(delta) for key, delta in weights.items()}
                 self.base.handle, self.base.path = await self._write_and_load(
                     zeros, "base", "the base model's zero adapter"
                 )
@@ -177,22 +173,21 @@ class LoraLines:
         everything = list(self.loaded())
         self._retired, self._lines = [], {}
         for served in everything:
-            if served.handle is not None:
-                with contextlib.suppress(Exception):
-                    await self._unload(served.handle)
-            if served.path is not None:
-                shutil.rmtree(served.path, ignore_errors=True)
+            await self._drop(served)
         self.base.handle = self.base.path = None
 
     async def _free_retired(self) -> None:
         """Unload retired versions nobody uses any more and delete their adapter dirs."""
         for served in [s for s in self._retired if s.in_flight == 0]:
             self._retired.remove(served)
-            if served.handle is not None:
-                with contextlib.suppress(Exception):
-                    await self._unload(served.handle)
-            if served.path is not None:
-                shutil.rmtree(served.path, ignore_errors=True)
+            await self._drop(served)
+
+    async def _drop(self, served: ServedLora) -> None:
+        if served.handle is not None:
+            with contextlib.suppress(Exception):  # the engine's LRU may have done it already
+                await self._unload(served.handle)
+        if served.path is not None:
+            shutil.rmtree(served.path, ignore_errors=True)
 
 
 class ServesLoraLines:
@@ -250,6 +245,10 @@ class ServesLoraLines:
         if result is None:  # a stream always ends with a SampleResult unless the engine broke its contract
             raise BackendError("vLLM returned no completion", retryable=True)
         return result
+
+    def stop_token_ids(self, params: SamplingParams) -> list[int]:
+        """The request's stop tokens and the model's end-of-turn tokens (a reply always ends at the latter)."""
+        return sorted({*params.stop_token_ids, *self.tokenizer.eos_token_ids})
 
     def room(self, prompt_tokens: list[int]) -> int:
         """How many tokens a reply to ``prompt_tokens`` may have; a 400 for an empty or too long prompt."""

@@ -60,10 +60,9 @@ async def check_server(
     model, root = await _served_model(client, url)
     await _same_template(client, url, model, tokenizer)
     await _runtime_lora_on(client, url)
-    if probe_weights is not None and resolver:
-        await _resolves_our_adapter(client, url, adapter_dir, root, probe_weights, tokenizer)
-    elif probe_weights is not None:
-        await _loads_our_adapter(client, url, adapter_dir, model_path, probe_weights)
+    if probe_weights is not None:  # the resolver loads an adapter only if it names the server's --model string
+        base = root if resolver else model_path
+        await _takes_our_adapter(client, url, adapter_dir, base, probe_weights, resolver=resolver, tokenizer=tokenizer)
     if scorer is not None:
         await _raw_logprobs(client, url, model, tokenizer, scorer)
     return model, root
@@ -133,16 +132,29 @@ async def _runtime_lora_on(client: httpx.AsyncClient, url: str) -> None:
     raise BackendError(f"runtime LoRA loading is off at {url} (HTTP {response.status_code}); {RUNTIME_LORA_FIX}")
 
 
-async def _loads_our_adapter(
-    client: httpx.AsyncClient, url: str, adapter_dir: Path, model_path: Path, weights: LoraWeights
+async def _takes_our_adapter(
+    client: httpx.AsyncClient,
+    url: str,
+    adapter_dir: Path,
+    base: str | Path,
+    weights: LoraWeights,
+    *,
+    resolver: bool,
+    tokenizer: ChatTokenizer,
 ) -> None:
+    """Write a probe adapter of our shape (naming ``base`` as its base model) and have the server take it: loaded
+    with the runtime API, or, with ``resolver``, named in a one-token request for its filesystem resolver to find.
+    The probe is unloaded and deleted either way."""
     name = f"openclaw-probe-{secrets.token_hex(4)}"
     path = adapter_dir / name
-    await asyncio.to_thread(write_peft_adapter, weights, path, model_path)
+    await asyncio.to_thread(write_peft_adapter, weights, path, base)
+    if resolver:
+        prompt = tokenizer.render(PROBE)
+        route, body = "/v1/completions", {"model": name, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+    else:
+        route, body = "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
     try:
-        response = await client.post(
-            f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=120.0
-        )
+        response = await client.post(f"{url}{route}", json=body, timeout=120.0)
         if response.status_code == 200:
             await client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=10.0)
             return
@@ -150,45 +162,24 @@ async def _loads_our_adapter(
         raise BackendError(f"{url} failed while loading a probe adapter ({exc})") from exc
     finally:
         shutil.rmtree(path, ignore_errors=True)
-    text = response.text
-    rank = next(iter(weights.values())).a.shape[0] if weights else 0
-    if "rank" in text.lower():
-        raise BackendError(
-            f"{url} cannot load a LoRA of rank {rank}: start it with --max-lora-rank at least {rank} ({text[:200]})"
-        )
-    if "not found" in text.lower() or "no such file" in text.lower() or "does not exist" in text.lower():
-        raise BackendError(
-            f"{url} cannot read the adapter written to {path}: local.vllm_adapter_dir must be a directory every "
-            f"server reads at the same path ({text[:200]})"
-        )
-    raise BackendError(f"{url} refused a LoRA adapter of ours (HTTP {response.status_code}): {text[:300]}")
-
-
-async def _resolves_our_adapter(
-    client: httpx.AsyncClient, url: str, adapter_dir: Path, root: str, weights: LoraWeights, tokenizer: ChatTokenizer
-) -> None:
-    name = f"openclaw-probe-{secrets.token_hex(4)}"
-    path = adapter_dir / name
-    await asyncio.to_thread(write_peft_adapter, weights, path, root)
-    body = {"model": name, "prompt": tokenizer.render(PROBE), "max_tokens": 1, "temperature": 0.0}
-    try:
-        response = await client.post(f"{url}/v1/completions", json=body, timeout=120.0)
-    except httpx.HTTPError as exc:
-        raise BackendError(f"{url} failed while resolving a probe adapter ({exc})") from exc
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-    if response.status_code == 200:
-        await client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=10.0)
-        return
     text = response.text[:200]
     if "rank" in text.lower():
         rank = next(iter(weights.values())).a.shape[0] if weights else 0
-        raise BackendError(f"{url} cannot load a LoRA of rank {rank}: start it with --max-lora-rank at least {rank}")
-    raise BackendError(
-        f"{url} did not find an adapter written to {adapter_dir} ({text}): start it with "
-        f"VLLM_PLUGINS=lora_filesystem_resolver and VLLM_LORA_RESOLVER_CACHE_DIR={adapter_dir} (the same directory "
-        "at the same path), or set local.vllm_publish = 'load'"
-    )
+        raise BackendError(
+            f"{url} cannot load a LoRA of rank {rank}: start it with --max-lora-rank at least {rank} ({text})"
+        )
+    if resolver:
+        raise BackendError(
+            f"{url} did not find an adapter written to {adapter_dir} ({text}): start it with "
+            f"VLLM_PLUGINS=lora_filesystem_resolver and VLLM_LORA_RESOLVER_CACHE_DIR={adapter_dir} (the same "
+            "directory at the same path), or set local.vllm_publish = 'load'"
+        )
+    if any(sign in text.lower() for sign in ("not found", "no such file", "does not exist")):
+        raise BackendError(
+            f"{url} cannot read the adapter written to {path}: local.vllm_adapter_dir must be a directory every "
+            f"server reads at the same path ({text})"
+        )
+    raise BackendError(f"{url} refused a LoRA adapter of ours (HTTP {response.status_code}): {text}")
 
 
 async def _raw_logprobs(

@@ -96,7 +96,6 @@ class RemoteVLLMSampler(ServesLoraLines):
             raise BackendError("local.sampler = 'remote' needs local.vllm_servers (the base URLs of your vLLM servers)")
         self.model_path = Path(model_path)
         self.tokenizer = tokenizer
-        self.settings = settings
         self.scorer = scorer
         self.probe_weights = probe_weights
         self.replicas = [Replica(url.rstrip("/")) for url in local.vllm_servers]
@@ -298,7 +297,7 @@ class RemoteVLLMSampler(ServesLoraLines):
             "temperature": params.temperature,
             "top_p": params.top_p,
             "stop": list(params.stop) or None,
-            "stop_token_ids": sorted({*params.stop_token_ids, *self.tokenizer.eos_token_ids}),
+            "stop_token_ids": self.stop_token_ids(params),
             "seed": params.seed,
             "logprobs": 0,  # the sampled token's log-probability (raw: see the module docstring)
             "return_token_ids": True,

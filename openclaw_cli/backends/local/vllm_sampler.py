@@ -243,14 +243,13 @@ class VLLMSampler(ServesLoraLines):
         from vllm.sampling_params import RequestOutputKind
         from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
-        stop_ids = sorted({*params.stop_token_ids, *self.tokenizer.eos_token_ids})
         kwargs: dict[str, Any] = {
             "n": 1,
             "max_tokens": max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
             "stop": list(params.stop) or None,
-            "stop_token_ids": stop_ids,
+            "stop_token_ids": self.stop_token_ids(params),
             "seed": params.seed,
             "logprobs": 0,  # the sampled token's logprob only (see module doc for which distribution)
             "output_kind": RequestOutputKind.DELTA,
