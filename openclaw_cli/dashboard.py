@@ -45,6 +45,8 @@ class Snapshot:
     lessons_by_status: dict[str, int] = field(default_factory=dict)
     # lora.scope = owner: each owner's adapter (owner id or group name, never a key) with its version and steps
     adapters: list[dict[str, Any]] = field(default_factory=list)
+    # local.vllm_servers: each server's url, health, requests in flight and last error (LocalBackend.serving_status)
+    servers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def sparkline(values: list[float], low: float = -1.0, high: float = 1.0, width: int = 24) -> str:
@@ -79,6 +81,11 @@ def render(snapshot: Snapshot) -> Panel:
         latest = ", ".join(f"{row['adapter']} v{row['version']} ({row['steps']} steps)" for row in owners[:3])
         more = f" and {len(owners) - 3} more" if len(owners) > 3 else ""
         table.add_row("owners", f"{len(owners)} adapter(s): {latest}{more}")
+    if snapshot.servers:
+        table.add_row("vLLM servers", _servers_line(snapshot.servers))
+        for server in snapshot.servers:
+            if not server.get("healthy"):
+                table.add_row("", Text(f"• {server['url']} out: {server.get('last_error') or 'starting'}", style="red"))
     table.add_row("requests", f"{snapshot.requests_total} total, {snapshot.in_flight} in flight")
     table.add_row("sessions", f"{snapshot.sessions_open} open / {snapshot.sessions_total} total")
     table.add_row(
@@ -100,13 +107,19 @@ def render(snapshot: Snapshot) -> Panel:
     return Panel(Group(*parts), title="openclaw launch", subtitle=f"up {snapshot.uptime_s:.0f}s  Ctrl-C stops")
 
 
+def _servers_line(servers: list[dict[str, Any]]) -> str:
+    up = sum(1 for server in servers if server.get("healthy"))
+    return f"{up}/{len(servers)} up, {sum(int(s.get('in_flight', 0)) for s in servers)} requests in flight"
+
+
 def log_line(snapshot: Snapshot) -> str:
     """The --no-ui status line."""
     reward = f"{snapshot.rewards[-1]:+.2f}" if snapshot.rewards else "n/a"
+    servers = f"vLLM servers {_servers_line(snapshot.servers)} | " if snapshot.servers else ""
     return (
         f"version {snapshot.policy_version} step {snapshot.steps} | requests {snapshot.requests_total} "
         f"(in flight {snapshot.in_flight}) | sessions {snapshot.sessions_open} open | turns ready "
         f"{snapshot.turns_ready}, judged {snapshot.judged}, trained {snapshot.trained} | reward {reward} | "
-        f"lessons {snapshot.lessons_by_status.get('active', 0)} active | "
+        f"lessons {snapshot.lessons_by_status.get('active', 0)} active | {servers}"
         f"backend {'ok' if snapshot.backend_ok else 'UNHEALTHY'}"
     )

@@ -187,7 +187,13 @@ class Runtime:
             lessons_active=[lesson["text"] for lesson in lessons["active"]],
             lessons_by_status=lessons["counts"],
             adapters=self.trainer.adapters(),
+            servers=self._served_by(),
         )
+
+    def _served_by(self) -> list[dict[str, Any]]:
+        """The vLLM servers the backend serves from (local.vllm_servers), each with its health; [] otherwise."""
+        serving = getattr(self.backend, "serving_status", None)
+        return list(serving().get("vllm_servers", [])) if callable(serving) else []
 
     def _note(self, error: str) -> None:
         if not self.errors or self.errors[-1] != error:

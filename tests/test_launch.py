@@ -131,3 +131,21 @@ def test_dashboard_shows_the_numbers_that_say_whether_it_learns() -> None:
     console.print(render(unhealthy))
     text = console.export_text()
     assert "unhealthy" in text and "trainer: boom" in text
+
+
+def test_dashboard_shows_the_vllm_servers_it_serves_from_and_why_one_is_out() -> None:
+    from rich.console import Console
+
+    from openclaw_cli.dashboard import Snapshot, log_line, render
+
+    servers = [
+        {"url": "http://gpu1:8000", "healthy": True, "in_flight": 3, "last_error": None},
+        {"url": "http://gpu2:8000", "healthy": False, "in_flight": 0, "last_error": "not answering: refused"},
+    ]
+    snapshot = Snapshot(url="u", backend="local", backend_ok=True, policy_version=1, servers=servers)
+    assert "| vLLM servers 1/2 up, 3 requests in flight | backend ok" in log_line(snapshot)
+    console = Console(record=True, width=120)
+    console.print(render(snapshot))
+    text = console.export_text()
+    assert "1/2 up, 3 requests in flight" in text and "• http://gpu2:8000 out: not answering: refused" in text
+    assert "vLLM servers" not in log_line(Snapshot(url="u", backend="local", backend_ok=True, policy_version=1))

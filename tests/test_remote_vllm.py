@@ -202,6 +202,29 @@ def test_doctor_checks_each_server_without_loading_the_model(tiny_tokenizer: Any
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in found[f"vLLM server {off.url}"].detail
 
 
+async def test_servers_that_refuse_our_grammars_leave_constrained_replies_to_check_and_resample(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """Start-up probes whether the servers decode under our Lark grammar; where they do, a constrained request
+    carries it as vLLM's structured output; where one refuses (a server pinned to xgrammar), the sampler says it
+    cannot constrain, naming the fix, so the proxy checks and resamples instead of sending requests that fail."""
+    from openclaw_cli.structured_output import json_form
+    from openclaw_cli.types import OutputConstraint
+
+    constraint = OutputConstraint((json_form({"type": "object"}),))
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        assert sampler.accepts_constraint(constraint) is None
+        params = SamplingParams(max_tokens=2, seed=1, constraint=constraint)
+        await sampler.sample(_prompt(tiny_tokenizer), params)
+        body = next(b for d in doubles for b in d.completions if b.get("stream"))
+        assert "%json" in body["structured_outputs"]["grammar"]
+    doubles[1].grammars = False
+    async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
+        refusal = sampler.accepts_constraint(constraint)
+        assert refusal is not None and doubles[1].url in refusal
+        assert "--structured-outputs-config.backend guidance" in refusal
+
+
 async def test_one_url_mode_writes_each_version_for_the_servers_resolver_and_never_loads_it(
     doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -255,5 +278,6 @@ async def test_owners_adapters_are_served_by_their_own_names_on_the_servers(
         assert hers != his and "key-0123456789abcdef-v1" in hers and all({hers, his} <= set(d.loras) for d in doubles)
         prompt = _prompt(tiny_tokenizer)
         await sampler.sample(prompt, SamplingParams(max_tokens=2), adapter=bob)
-        assert [b["model"] for d in doubles for b in d.completions] == [his]
+        served = [b["model"] for d in doubles for b in d.completions if "structured_outputs" not in b]
+        assert served == [his]  # (the start-up grammar probe named the base)
         assert sampler.current_version().version == 0  # the shared adapter never published

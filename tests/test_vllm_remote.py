@@ -3,7 +3,7 @@
 runs against them: captured token ids and log-probabilities are the trainer's own for the same version, each new
 version is loaded onto both replicas, a replica killed mid-run loses no request that had not started, and a replica
 that comes back is given the current versions before it serves; a server started without runtime LoRA loading is
-refused at start with the fix."""
+refused at start with the fix, as is each server started without the flag another check needs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import pytest
 from test_vllm import needs_vllm
 
 from openclaw_cli.backend import BackendError
+from openclaw_cli.settings import Settings
+from openclaw_cli.types import AdamParams, SampleResult, SamplingParams, datum_from_completion
 
 pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.timeout(900)]
 
@@ -36,10 +38,17 @@ class VllmServer:
     """One ``vllm serve`` process on 127.0.0.1, stopped by :meth:`stop` (and at the end of the test)."""
 
     def __init__(
-        self, model_dir: Path, port: int, log: Path, *, runtime_lora: bool = True, resolver_dir: Path | None = None
+        self,
+        model_dir: Path,
+        port: int,
+        log: Path,
+        *,
+        runtime_lora: bool = True,
+        resolver_dir: Path | None = None,
+        flags: tuple[str, ...] = (),
     ) -> None:
         self.model_dir, self.port, self.log, self.runtime_lora = model_dir, port, log, runtime_lora
-        self.resolver_dir = resolver_dir
+        self.resolver_dir, self.flags = resolver_dir, flags
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -73,6 +82,7 @@ class VllmServer:
             "4096",
             "--seed",
             "0",
+            *self.flags,
         ]
         handle = self.log.open("ab")
         self.process = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT)
@@ -256,3 +266,132 @@ async def test_a_server_without_runtime_lora_loading_is_refused_with_the_fix(
             await LocalBackend(unreachable).start()
     finally:
         server.stop()
+
+
+def _remote(model: Path, servers: list[VllmServer], tmp_path: Path, rank: int = 4, **local: object) -> Settings:
+    urls = [s.url for s in servers]
+    return Settings(
+        model=str(model),
+        lora={"rank": rank},
+        local={"dtype": "float32", "vllm_servers": urls, "state_dir": tmp_path / "ckpt", **local},
+    )
+
+
+async def test_a_stream_in_flight_finishes_on_its_version_while_the_next_ones_are_published(
+    servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path
+) -> None:
+    """keep_versions = 1: publishing two versions while a stream of the first is open retires the first, but the
+    stream pins it, so it stays loaded on both servers until the stream ends; the stream's tokens and
+    log-probabilities are its own version's, and once it ends that version leaves both servers."""
+    from openclaw_cli.backends.local import LocalBackend
+
+    backend = LocalBackend(_remote(learnable_vllm_model, servers, tmp_path, keep_versions=1))
+    await backend.start()
+    try:
+        prompt = backend.tokenizer().render([{"role": "user", "content": "Hello!"}])
+
+        async def trained_version(seed: int) -> int:
+            reply = await backend.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=seed))
+            datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
+            await backend.forward_backward([datum], "importance_sampling")
+            await backend.optim_step(AdamParams(learning_rate=5e-2))
+            return (await backend.publish(f"v{seed}")).version
+
+        first = await trained_version(1)
+        greedy = SamplingParams(max_tokens=32, temperature=0.0)
+        expected = await backend.sample(prompt, greedy)
+        scored = (await backend.compute_logprobs(prompt + expected.tokens))[len(prompt) :]
+        remote = backend._vllm
+        assert remote is not None and expected.tokens
+        pinned = remote.versions.find(first).handle
+
+        stream = backend.stream(prompt, greedy, version=first)
+        opening = await anext(stream)
+        later = [await trained_version(2), await trained_version(3)]
+        assert later == [first + 1, first + 2] and first not in backend.servable_versions()
+        assert all(pinned in s.adapters() for s in servers)  # retired, but pinned by the open stream
+        rest = [event async for event in stream]
+        result = rest[-1]
+        assert isinstance(result, SampleResult) and result.version == first and opening is not result
+        assert result.tokens == expected.tokens
+        assert result.logprobs == pytest.approx(scored, abs=2e-3)
+        newest = remote.versions.find(None).handle
+        assert all(pinned not in s.adapters() and newest in s.adapters() for s in servers)
+    finally:
+        await backend.close()
+
+
+async def test_constrained_replies_through_the_servers_parse_and_carry_the_policys_log_probabilities(
+    servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path
+) -> None:
+    """A JSON Schema as our Lark grammar through the servers' structured outputs (vLLM's default backend, auto, takes
+    it on guidance): every sample parses, and the captured log-probabilities are the policy's own (the servers report
+    the masked distribution's; the torch copy rescores)."""
+    import json
+
+    import jsonschema
+
+    from openclaw_cli.backends.local import LocalBackend
+    from openclaw_cli.structured_output import json_form
+    from openclaw_cli.types import OutputConstraint
+
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0}},
+        "required": ["answer", "n"],
+        "additionalProperties": False,
+    }
+    backend = LocalBackend(_remote(learnable_vllm_model, servers, tmp_path))
+    await backend.start()
+    try:
+        constraint = OutputConstraint((json_form(schema),))
+        assert backend.accepts_constraint(constraint) is None
+        prompt = backend.tokenizer().render([{"role": "user", "content": "Hello!"}])
+        for seed in range(3):
+            params = SamplingParams(max_tokens=120, temperature=1.0, seed=seed, constraint=constraint)
+            result = await backend.sample(prompt, params)
+            jsonschema.validate(json.loads(result.text), schema)
+            scored = (await backend.compute_logprobs(prompt + result.tokens))[len(prompt) :]
+            assert result.logprobs == pytest.approx(scored, abs=2e-3)
+    finally:
+        await backend.close()
+
+
+async def test_a_lora_rank_above_the_servers_or_another_model_is_refused_with_the_fix(
+    servers: list[VllmServer], learnable_vllm_model: Path, vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """The servers run with --max-lora-rank 8 and serve the learnable model: a trainer of rank 16, or one whose base
+    model is another with the same chat template (the tiny model before its embeddings were scaled), is refused."""
+    from openclaw_cli.backends.local import LocalBackend
+
+    with pytest.raises(BackendError, match=r"cannot load a LoRA of rank 16: start it with --max-lora-rank at least 16"):
+        await LocalBackend(_remote(learnable_vllm_model, servers, tmp_path, rank=16)).start()
+    with pytest.raises(BackendError, match=r"nats per token away from the trainer's own .* the trainer's model"):
+        await LocalBackend(_remote(vllm_model_dir, servers, tmp_path)).start()
+
+
+async def test_servers_with_processed_log_probabilities_or_another_chat_template_are_refused_with_the_fix(
+    learnable_vllm_model: Path, tmp_path: Path
+) -> None:
+    from runtime_helpers import free_port
+
+    from openclaw_cli.backends.local import LocalBackend
+
+    template = tmp_path / "other.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    processed = VllmServer(
+        learnable_vllm_model, free_port(), tmp_path / "processed.log", flags=("--logprobs-mode", "processed_logprobs")
+    ).start()
+    other = VllmServer(
+        learnable_vllm_model, free_port(), tmp_path / "template.log", flags=("--chat-template", str(template))
+    ).start()
+    try:
+        processed.wait_ready()
+        other.wait_ready()
+        with pytest.raises(BackendError, match=r"nats per token away .* --logprobs-mode raw_logprobs"):
+            await LocalBackend(_remote(learnable_vllm_model, [processed], tmp_path)).start()
+        with pytest.raises(BackendError, match=r"chat template renders a probe conversation differently"):
+            await LocalBackend(_remote(learnable_vllm_model, [other], tmp_path)).start()
+    finally:
+        processed.stop()
+        other.stop()

@@ -10,9 +10,11 @@ with ``token_ids`` and ``logprobs.token_logprobs`` per delta.
 No model runs: a reply is ``max_tokens`` token ids drawn from (model name, prompt, seed), each with log-probability
 -0.5, and ends with finish reason "length". Knobs: ``fail_next`` (the next N completions answer 503 before any
 token), ``die_after`` (a stream closes the connection after that many tokens), ``runtime_lora``, ``version``,
-``max_lora_rank``, ``resolver_dir`` (vLLM's filesystem resolver: an unknown model name loads ``<dir>/<name>`` when its
-``adapter_config.json`` is a LoRA naming this server's model as its base), :meth:`restart` (a new process: our
-adapters are gone). Never use it outside tests.
+``max_lora_rank``, ``grammars`` (False: a server pinned to a structured-outputs backend that refuses our Lark
+grammars answers a request carrying one with 400; the double never enforces a grammar), ``resolver_dir`` (vLLM's
+filesystem resolver: an unknown model name loads ``<dir>/<name>`` when its ``adapter_config.json`` is a LoRA naming
+this server's model as its base), :meth:`restart` (a new process: our adapters are gone). Never use it outside
+tests.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class VllmServerDouble:
         self.model, self.render = model, render
         self.runtime_lora, self.version = runtime_lora, version
         self.max_lora_rank = 16
+        self.grammars = True
         self.resolver_dir: Path | None = None
         self.loras: dict[str, str] = {}  # name -> path
         self.fail_next = 0
@@ -145,6 +148,9 @@ class VllmServerDouble:
                     return
                 if model != double.model and model not in double.loras:
                     self._answer(404, _error(f"The model `{model}` does not exist.", 404))
+                    return
+                if (body.get("structured_outputs") or {}).get("grammar") and not double.grammars:
+                    self._answer(400, _error("The provided grammar is not supported by the xgrammar backend.", 400))
                     return
                 tokens = double._tokens(model, body["prompt"], body.get("seed"), int(body.get("max_tokens") or 16))
                 if not body.get("stream"):

@@ -12,6 +12,11 @@ runs the ones that need no model loaded here (1 and 3, and names the served mode
 5. its log-probabilities are the policy's own: a short reply sampled at temperature 0.5 is rescored by the trainer's
    torch copy of the base model; raw log-probabilities (vLLM's default) agree, processed ones (``--logprobs-mode
    processed_logprobs``) or another model's do not.
+
+One more probe is not a refusal (:func:`grammar_refusal`): whether the server decodes under our Lark grammars
+(JSON Schema replies, forced tool calls). vLLM's structured outputs take them on its ``guidance`` backend, which its
+default ``auto`` falls back to; a server pinned to another backend refuses them, and the proxy then checks and
+resamples constrained replies instead, as it does for any sampler that cannot constrain.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from openclaw_cli.backend import BackendError, ChatTokenizer, Check
+from openclaw_cli.backends.local.grammar import grammar_for
 from openclaw_cli.backends.local.lora_delta import LoraWeights, write_peft_adapter
+from openclaw_cli.structured_output import json_form
+from openclaw_cli.types import OutputConstraint
 
 if TYPE_CHECKING:
     from openclaw_cli.settings import Settings
@@ -38,6 +46,8 @@ MIN_VERSION = (0, 10, 2)  # the completions API's return_token_ids
 PROBE = [{"role": "user", "content": "Name three colours of the rainbow."}]
 MAX_LOGPROB_GAP = 0.1  # mean |ours - theirs| per token; dtype differences stay far below, another model far above
 RUNTIME_LORA_FIX = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"
+GRAMMAR_FIX = "start it with --structured-outputs-config.backend guidance (or auto, the default)"
+GRAMMAR_PROBE = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
 async def check_server(
@@ -214,6 +224,26 @@ async def _raw_logprobs(
             "tokens: start it with --logprobs-mode raw_logprobs (the default), the trainer's model and a dtype "
             "close to local.dtype"
         )
+
+
+async def grammar_refusal(client: httpx.AsyncClient, url: str, model: str, tokenizer: ChatTokenizer) -> str | None:
+    """None when the server decodes a one-token reply under the grammar of a small JSON Schema (ours: Lark, as
+    :func:`~openclaw_cli.backends.local.grammar.grammar_for` writes it), else why not, naming the fix."""
+    grammar = grammar_for(tokenizer, OutputConstraint((json_form(GRAMMAR_PROBE),)))
+    body = {
+        "model": model,
+        "prompt": tokenizer.render(PROBE),
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "structured_outputs": {"grammar": grammar},
+    }
+    try:
+        response = await client.post(f"{url}/v1/completions", json=body, timeout=120.0)
+    except httpx.HTTPError as exc:
+        return f"{url} failed a constrained probe request ({exc})"
+    if response.status_code == 200:
+        return None
+    return f"{url} refused our grammar (HTTP {response.status_code}: {response.text[:200]}); {GRAMMAR_FIX}"
 
 
 def server_checks(settings: Settings) -> list[Check]:

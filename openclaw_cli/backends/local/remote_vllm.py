@@ -46,7 +46,7 @@ from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
 from openclaw_cli.backends.local.lora_delta import LoraWeights
 from openclaw_cli.backends.local.lora_lines import LoraLines, ServedLora, ServesLoraLines, StreamedReply
-from openclaw_cli.backends.local.remote_checks import Scorer, check_server
+from openclaw_cli.backends.local.remote_checks import Scorer, check_server, grammar_refusal
 from openclaw_cli.types import OutputConstraint, SamplingParams, StreamEvent
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ class RemoteVLLMSampler(ServesLoraLines):
             unload=self._unload_everywhere,
         )
         self._watch: asyncio.Task[None] | None = None
+        # Why the servers cannot decode under our grammars (remote_checks.grammar_refusal); None when they can.
+        self.grammar_refusal: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -140,6 +142,16 @@ class RemoteVLLMSampler(ServesLoraLines):
                 )
             self.served_model = found
             replica.healthy = True
+        refusals = await asyncio.gather(
+            *(grammar_refusal(self._client, r.url, self.served_model, self.tokenizer) for r in self.replicas)
+        )
+        self.grammar_refusal = next((r for r in refusals if r is not None), None)
+        if self.grammar_refusal is not None:
+            log.warning(
+                "constrained replies (JSON Schema, forced tool calls) will be checked and resampled, not decoded "
+                "under a grammar: %s",
+                self.grammar_refusal,
+            )
         self._watch = asyncio.create_task(self._watch_replicas(), name="openclaw-vllm-servers")
 
     async def close(self) -> None:
@@ -338,8 +350,8 @@ class RemoteVLLMSampler(ServesLoraLines):
 
     def accepts_constraint(self, constraint: OutputConstraint) -> str | None:
         """None when the servers' structured outputs can enforce ``constraint`` (the Lark grammar the other samplers
-        use; the servers need vLLM's guidance backend, ``--structured-outputs-config.backend guidance``)."""
-        return grammar_error(grammar_for(self.tokenizer, constraint))
+        use, on vLLM's guidance backend: probed at start, see remote_checks.grammar_refusal), else why not."""
+        return self.grammar_refusal or grammar_error(grammar_for(self.tokenizer, constraint))
 
 
 async def _raise_for_status(response: httpx.Response, model: str) -> None:
