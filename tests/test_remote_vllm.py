@@ -217,7 +217,8 @@ async def test_servers_that_refuse_our_grammars_leave_constrained_replies_to_che
         params = SamplingParams(max_tokens=2, seed=1, constraint=constraint)
         await sampler.sample(_prompt(tiny_tokenizer), params)
         body = next(b for d in doubles for b in d.completions if b.get("stream"))
-        assert "%json" in body["structured_outputs"]["grammar"]
+        grammar = body["structured_outputs"]["grammar"]  # ours, marked for vLLM's guidance backend only
+        assert grammar.startswith("%llguidance {}\n") and "%json" in grammar
     doubles[1].grammars = False
     async with started(doubles, tiny_tokenizer, tmp_path) as sampler:
         refusal = sampler.accepts_constraint(constraint)

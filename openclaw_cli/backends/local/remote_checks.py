@@ -14,9 +14,12 @@ runs the ones that need no model loaded here (1 and 3, and names the served mode
    processed_logprobs``) or another model's do not.
 
 One more probe is not a refusal (:func:`grammar_refusal`): whether the server decodes under our Lark grammars
-(JSON Schema replies, forced tool calls). vLLM's structured outputs take them on its ``guidance`` backend, which its
-default ``auto`` falls back to; a server pinned to another backend refuses them, and the proxy then checks and
-resamples constrained replies instead, as it does for any sampler that cannot constrain.
+(JSON Schema replies, forced tool calls) on vLLM's ``guidance`` backend (llguidance, which reads the compact JSON
+layout the grammars ask for). Each grammar we send opens with :data:`GUIDANCE_ONLY`, a directive only llguidance
+knows: vLLM's default backend, ``auto``, first tries xgrammar, which reads our Lark too but ignores the layout
+(measured on vLLM 0.32's CPU build: the tiny test model padded a JSON reply with whitespace until ``max_tokens``);
+refused by xgrammar, ``auto`` falls back to guidance. A server pinned to another backend refuses the grammar, and
+the proxy then checks and resamples constrained replies instead, as it does for any sampler that cannot constrain.
 """
 
 from __future__ import annotations
@@ -46,8 +49,14 @@ MIN_VERSION = (0, 10, 2)  # the completions API's return_token_ids
 PROBE = [{"role": "user", "content": "Name three colours of the rainbow."}]
 MAX_LOGPROB_GAP = 0.1  # mean |ours - theirs| per token; dtype differences stay far below, another model far above
 RUNTIME_LORA_FIX = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"
-GRAMMAR_FIX = "start it with --structured-outputs-config.backend guidance (or auto, the default)"
+GRAMMAR_FIX = "start it with --structured-outputs-config.backend guidance (or auto, the default, which picks it)"
 GRAMMAR_PROBE = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+GUIDANCE_ONLY = "%llguidance {}\n"  # llguidance's options directive (none set); xgrammar refuses a grammar with it
+
+
+def guidance_grammar(tokenizer: ChatTokenizer, constraint: OutputConstraint) -> str:
+    """``constraint`` as the grammar a vLLM server gets: ours, marked so that only the guidance backend takes it."""
+    return GUIDANCE_ONLY + grammar_for(tokenizer, constraint)
 
 
 async def check_server(
@@ -229,7 +238,7 @@ async def _raw_logprobs(
 async def grammar_refusal(client: httpx.AsyncClient, url: str, model: str, tokenizer: ChatTokenizer) -> str | None:
     """None when the server decodes a one-token reply under the grammar of a small JSON Schema (ours: Lark, as
     :func:`~openclaw_cli.backends.local.grammar.grammar_for` writes it), else why not, naming the fix."""
-    grammar = grammar_for(tokenizer, OutputConstraint((json_form(GRAMMAR_PROBE),)))
+    grammar = guidance_grammar(tokenizer, OutputConstraint((json_form(GRAMMAR_PROBE),)))
     body = {
         "model": model,
         "prompt": tokenizer.render(PROBE),

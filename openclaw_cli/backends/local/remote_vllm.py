@@ -46,7 +46,7 @@ from openclaw_cli.backend import BackendError, ChatTokenizer
 from openclaw_cli.backends.local.grammar import grammar_error, grammar_for
 from openclaw_cli.backends.local.lora_delta import LoraWeights
 from openclaw_cli.backends.local.lora_lines import LoraLines, ServedLora, ServesLoraLines, StreamedReply
-from openclaw_cli.backends.local.remote_checks import Scorer, check_server, grammar_refusal
+from openclaw_cli.backends.local.remote_checks import Scorer, check_server, grammar_refusal, guidance_grammar
 from openclaw_cli.types import OutputConstraint, SamplingParams, StreamEvent
 
 if TYPE_CHECKING:
@@ -319,7 +319,7 @@ class RemoteVLLMSampler(ServesLoraLines):
         if params.top_k > 0:
             body["top_k"] = params.top_k
         if params.constraint is not None:
-            body["structured_outputs"] = {"grammar": grammar_for(self.tokenizer, params.constraint)}
+            body["structured_outputs"] = {"grammar": guidance_grammar(self.tokenizer, params.constraint)}
         return body
 
     async def _stream_from(
