@@ -185,9 +185,40 @@ async def test_log_probabilities_other_than_the_trainers_are_refused_at_start(
         return [None] * start + [-2.0] * (len(tokens) - start)
 
     sampler = RemoteVLLMSampler(Path(MODEL), tiny_tokenizer, settings, adapter_dir=tmp_path, scorer=scorer)
-    with pytest.raises(BackendError, match=r"1\.50 nats per token .* --logprobs-mode raw_logprobs"):
+    # 1.5 nats on the sampled tokens, 2.0 on the runner-up (reported -4.0): the larger is named.
+    with pytest.raises(BackendError, match=r"2\.00 nats per token .* --logprobs-mode raw_logprobs"):
         await sampler.start()
     await sampler.close()
+
+
+@pytest.mark.parametrize(("runner_up", "refused"), [(-4.0, False), (-2.0, True)])
+async def test_a_runner_up_scored_otherwise_is_refused_when_the_sampled_tokens_agree(
+    doubles: list[VllmServerDouble], tiny_tokenizer: Any, tmp_path: Path, runner_up: float, refused: bool
+) -> None:
+    """A peaked model's sampled tokens have log-probabilities near 0 raw or processed; the runner-up's show processed
+    ones (about double the raw). The double reports -0.5 per sampled token and -4.0 for the runner-up; the trainer
+    agrees on the sampled tokens and scores the runner-up at ``runner_up``."""
+    from openclaw_cli.backends.local.remote_checks import PROBE
+    from openclaw_cli.testing.vllm_server_double import RUNNER_UP_LOGPROB
+
+    settings = Settings(lora={"rank": 4}, local={"vllm_servers": [doubles[0].url]})
+    prompt_length = len(tiny_tokenizer.render(PROBE))
+
+    async def scorer(tokens: list[int], start: int) -> list[float | None]:
+        if len(tokens) == prompt_length + 1:  # the runner-up alone after the prompt
+            return [None] * start + [runner_up]
+        return [None] * start + [-0.5] * (len(tokens) - start)
+
+    assert RUNNER_UP_LOGPROB == -4.0
+    sampler = RemoteVLLMSampler(Path(MODEL), tiny_tokenizer, settings, adapter_dir=tmp_path, scorer=scorer)
+    try:
+        if refused:
+            with pytest.raises(BackendError, match=r"2\.00 nats per token .* --logprobs-mode raw_logprobs"):
+                await sampler.start()
+        else:
+            await sampler.start()
+    finally:
+        await sampler.close()
 
 
 def test_doctor_checks_each_server_without_loading_the_model(tiny_tokenizer: Any) -> None:

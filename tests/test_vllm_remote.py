@@ -324,9 +324,10 @@ async def test_a_stream_in_flight_finishes_on_its_version_while_the_next_ones_ar
 async def test_constrained_replies_through_the_servers_parse_and_carry_the_policys_log_probabilities(
     servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path
 ) -> None:
-    """A JSON Schema as our Lark grammar through the servers' structured outputs (vLLM's default backend, auto, takes
-    it on guidance): every sample parses, and the captured log-probabilities are the policy's own (the servers report
-    the masked distribution's; the torch copy rescores)."""
+    """A JSON Schema as our Lark grammar through the servers' structured outputs (vLLM's default backend, auto, passes
+    it to guidance: xgrammar refuses the grammar's llguidance directive): every sample parses (xgrammar would have let
+    the peaked test model pad it with whitespace until max_tokens), and the captured log-probabilities are the
+    policy's own (the servers report the masked distribution's; the torch copy rescores)."""
     import json
 
     import jsonschema
@@ -337,7 +338,10 @@ async def test_constrained_replies_through_the_servers_parse_and_carry_the_polic
 
     schema = {
         "type": "object",
-        "properties": {"answer": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0}},
+        "properties": {
+            "answer": {"type": "string", "maxLength": 6},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
         "required": ["answer", "n"],
         "additionalProperties": False,
     }

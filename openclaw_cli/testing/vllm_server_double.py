@@ -8,8 +8,11 @@ loading is off, vLLM's own 404 "cannot be found" for an unknown adapter, 400 "al
 with ``token_ids`` and ``logprobs.token_logprobs`` per delta.
 
 No model runs: a reply is ``max_tokens`` token ids drawn from (model name, prompt, seed), each with log-probability
--0.5, and ends with finish reason "length". Knobs: ``fail_next`` (the next N completions answer 503 before any
-token), ``die_after`` (a stream closes the connection after that many tokens), ``runtime_lora``, ``version``,
+-0.5, and ends with finish reason "length"; asked for ``logprobs`` >= 1, each position's top log-probabilities also
+name a runner-up, the next token id, at :data:`RUNNER_UP_LOGPROB` (keys ``token_id:N``).
+
+Knobs: ``fail_next`` (the next N completions answer 503 before any token), ``die_after`` (a stream closes the
+connection after that many tokens), ``runtime_lora``, ``version``,
 ``max_lora_rank``, ``grammars`` (False: a server pinned to a structured-outputs backend that refuses our Lark
 grammars answers a request carrying one with 400; the double never enforces a grammar), ``resolver_dir`` (vLLM's
 filesystem resolver: an unknown model name loads ``<dir>/<name>`` when its ``adapter_config.json`` is a LoRA naming
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 Render = Callable[[list[dict[str, Any]]], list[int]]
+RUNNER_UP_LOGPROB = -4.0
 
 
 class VllmServerDouble:
@@ -154,7 +158,7 @@ class VllmServerDouble:
                     return
                 tokens = double._tokens(model, body["prompt"], body.get("seed"), int(body.get("max_tokens") or 16))
                 if not body.get("stream"):
-                    choice = _choice(tokens, "length")
+                    choice = _choice(tokens, "length", top=int(body.get("logprobs") or 0) >= 1)
                     self._answer(200, {"id": "cmpl-double", "object": "text_completion", "choices": [choice]})
                     return
                 self.send_response(200)
@@ -184,12 +188,15 @@ class VllmServerDouble:
         return ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
-def _choice(tokens: list[int], finish: str | None) -> dict[str, Any]:
+def _choice(tokens: list[int], finish: str | None, *, top: bool = False) -> dict[str, Any]:
+    logprobs: dict[str, Any] = {"token_logprobs": [-0.5] * len(tokens), "tokens": [f"token_id:{t}" for t in tokens]}
+    if top:
+        logprobs["top_logprobs"] = [{f"token_id:{t}": -0.5, f"token_id:{t + 1}": RUNNER_UP_LOGPROB} for t in tokens]
     return {
         "index": 0,
         "text": "".join(f"<{t}>" for t in tokens),
         "token_ids": tokens,
-        "logprobs": {"token_logprobs": [-0.5] * len(tokens), "tokens": [f"token_id:{t}" for t in tokens]},
+        "logprobs": logprobs,
         "finish_reason": finish,
         "stop_reason": None,
     }
