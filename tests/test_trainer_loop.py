@@ -41,7 +41,6 @@ class RecordingBackend:
         self.accumulated: list[Datum] = []  # what a real trainer would hold as gradients
         self.stepped_on: list[int] = []  # datums accumulated at each successful optim_step
         self.demo_text = "Paris."  # what the base model answers when it reads a hint (hindsight demonstrations)
-        self.demo_finish = "stop"  # "length": the answer ran into train.demo_max_tokens
         self.base_logprob: float | None = None  # when set, the base model's log-probability of every token
 
     def tokenizer(self) -> Any:
@@ -53,7 +52,7 @@ class RecordingBackend:
     async def sample(self, prompt: list[int], params: SamplingParams, version: int | None = None) -> SampleResult:
         self.calls.append(("sample", (list(prompt), params.temperature, version)))
         return SampleResult(
-            tokens=[31, 32], logprobs=[-0.5, -0.5], finish_reason=self.demo_finish, version=0, text=self.demo_text
+            tokens=[31, 32], logprobs=[-0.5, -0.5], finish_reason="stop", version=0, text=self.demo_text
         )
 
     async def compute_logprobs(self, tokens: list[int], *, base: bool = False, start: int = 1) -> list[float | None]:
@@ -403,20 +402,6 @@ async def test_no_demonstration_for_an_approved_turn_or_an_unusable_one(
     world.ready_turn([21, 22], score=score, hint="No, answer in one word.")
     report = await world.loop().run_once()
     assert report is not None and report.metrics["demos"] == 0 and report.metrics["n_samples"] == 1, why
-    world.store.close()
-
-
-async def test_a_demonstration_cut_off_by_its_budget_is_trained_as_the_prefix_it_is(
-    tmp_path: Path, tiny_tokenizer: Any
-) -> None:
-    """Kept, with no end: dropping the answers that run past train.demo_max_tokens would train only the short ones,
-    a choice by length that shortened the replies of a user who never asked for it (bench/owners.py's owner B)."""
-    world = World(tmp_path, tiny_tokenizer, "opd", batch_size=1)
-    world.backend.demo_finish = "length"
-    world.ready_turn([21, 22], score=1, hint="Thanks! Next question: what is the capital of Spain?")
-    report = await world.loop().run_once()
-    assert report is not None and report.metrics["demos"] == 1 and report.metrics["n_samples"] == 2
-    assert_plain_demo(world.backend.datums[0][1], advantage=0.25)
     world.store.close()
 
 

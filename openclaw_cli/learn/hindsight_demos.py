@@ -12,11 +12,13 @@ weight only sets the demonstrations' share of the step against the OPD and KL te
 docs/algorithms.md). This is context distillation from the user's own words, and what the learning target asks for: the
 bot, asked plainly, answers as the base model does when told.
 
-A demonstration cut off by its token budget (``train.demo_max_tokens``) is kept as the prefix it is, with no end:
-it teaches how the answer goes, not where it stops. Dropping those instead kept only the answers that end within the
-budget, a choice by length: half of SmolLM2's greedy answers to the learning bench's questions run past 128 tokens,
-so a user who never spoke of length (bench/owners.py's owner B) had their adapter trained on the short half and
-their plain replies shrank 8-20%. A demonstration is dropped (logged at debug level) when it is empty, repeats
+Dropping the cut-off ones is a choice by length: half of SmolLM2's greedy answers to the learning bench's questions
+run past 128 tokens, so only the shorter half is trained, which may be why a user who never spoke of length
+(bench/owners.py's owner B) got plain replies 8-20% shorter. Keeping them as prefixes with no end was tried
+(bench/owners.py, 2 seeds): B stayed within 15%, but the longer demonstrations, replayed, slowed every step, and the
+learning user got 6-8 steps in 20 minutes instead of 13-15 and missed the goal; so they stay dropped.
+
+A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats
 itself (fewer than half its words distinct: 'The answer is "The answer is "...'), echoes the hint (four words of
 it in a row, or the whole demonstration is a run of the hint's words: "Try again."), talks about "this question"
 instead of only answering it (:func:`talks_about_the_question`), or is implausible as a reply
@@ -111,8 +113,8 @@ async def hindsight_demo(
         log.warning("turn %d: cannot write a hindsight demonstration: %s", turn.id, exc)
         return None
     text = reply.text.strip()
-    if not reply.tokens or not text:
-        log.debug("turn %d: demonstration dropped (empty)", turn.id)
+    if not reply.tokens or not text or reply.finish_reason != "stop":
+        log.debug("turn %d: demonstration dropped (empty or cut off): %r", turn.id, text[:80])
         return None
     if echoes_hint(text, hint) or repeats_itself(text) or talks_about_the_question(text):
         log.debug(
