@@ -338,6 +338,19 @@ async def test_base_requests_stay_exact_beside_lora_requests_with_every_lora_slo
             assert got.logprobs == pytest.approx(expected, abs=2e-3), got.version
 
 
+# A JSON Schema whose every valid reply is short (a small model cannot pad a bounded string or a digit), so a sample
+# that does not parse is the constraint failing, not the token budget.
+BOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["answer", "n"],
+    "additionalProperties": False,
+}
+
+
 @pytest.mark.vllm
 @needs_vllm
 async def test_constrained_decoding_through_vllm_structured_outputs_keeps_the_policy_logprobs(
@@ -352,15 +365,7 @@ async def test_constrained_decoding_through_vllm_structured_outputs_keeps_the_po
     from openclaw_cli.structured_output import json_form, tool_call_form
     from openclaw_cli.types import OutputConstraint
 
-    schema = {
-        "type": "object",
-        "properties": {
-            "answer": {"type": "string", "maxLength": 6},
-            "n": {"type": "integer", "minimum": 0, "maximum": 9},
-        },
-        "required": ["answer", "n"],
-        "additionalProperties": False,
-    }
+    schema = BOUNDED_SCHEMA
     settings = Settings(model=str(vllm_model_dir), lora={"rank": 4}, local={"sampler": "vllm", "dtype": "float32"})
     backend = LocalBackend(settings)
     await backend.start()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_vllm import needs_vllm
+from test_vllm import BOUNDED_SCHEMA, needs_vllm
 
 from openclaw_cli.backend import BackendError
 from openclaw_cli.settings import Settings
@@ -336,15 +336,7 @@ async def test_constrained_replies_through_the_servers_parse_and_carry_the_polic
     from openclaw_cli.structured_output import json_form
     from openclaw_cli.types import OutputConstraint
 
-    schema = {
-        "type": "object",
-        "properties": {
-            "answer": {"type": "string", "maxLength": 6},
-            "n": {"type": "integer", "minimum": 0, "maximum": 9},
-        },
-        "required": ["answer", "n"],
-        "additionalProperties": False,
-    }
+    schema = BOUNDED_SCHEMA
     backend = LocalBackend(_remote(learnable_vllm_model, servers, tmp_path))
     await backend.start()
     try:
