@@ -42,9 +42,8 @@ KEYS = {"A": "sk-owner-a-bench-0000000000", "B": "sk-owner-b-bench-0000000000"}
 B_LENGTH_DRIFT = 0.15  # B's plain replies stay within this share of their starting length
 B_HITS_DROP = 0.05  # ... and their keyword hits fall by at most this
 # B's thanks names nothing about the reply's form. The brevity script's own thanks line ("Thanks, short and clear.")
-# is praise *of brevity*, a word on form the owner B never says. B used it until stop 46, where its plain
-# replies moved -11/-16/-18%: every user reply is an OPD hint and gets a hindsight demonstration, so the base model's
-# answer after reading "short and clear" was trained into B's adapter as the reply to give.
+# is praise *of brevity*, a word on form the owner B never says. B used it until stop 46 (plain replies
+# -11/-16/-18%); without it B still moved -20/-11/-8%, so it was not the main cause (docs/benchmarks.md).
 B_THANKS = "Thanks! Next question: {question}"
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from test_vllm import BOUNDED_SCHEMA, needs_vllm
 
-from openclaw_cli.backend import BackendError
+from openclaw_cli.backend import Backend, BackendError
 from openclaw_cli.settings import Settings
 from openclaw_cli.types import AdamParams, SampleResult, SamplingParams, datum_from_completion
 
@@ -137,6 +137,26 @@ def servers(learnable_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory
             server.stop()
 
 
+def _remote(model: Path, servers: list[VllmServer], tmp_path: Path, rank: int = 4, **local: object) -> Settings:
+    """The local backend's settings for ``model``, served by ``servers``; ``local`` adds to the local section."""
+    urls = [s.url for s in servers]
+    return Settings(
+        model=str(model),
+        lora={"rank": rank},
+        local={"dtype": "float32", "vllm_servers": urls, "state_dir": tmp_path / "ckpt", **local},
+    )
+
+
+async def _trained_version(backend: Backend, prompt: list[int], seed: int) -> int:
+    """One step on a sampled reply at a high learning rate (weights far from the last version's: a real change),
+    published; returns the new version."""
+    reply = await backend.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=seed))
+    datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
+    await backend.forward_backward([datum], "importance_sampling")
+    await backend.optim_step(AdamParams(learning_rate=5e-2))
+    return (await backend.publish(f"v{seed}")).version
+
+
 async def test_the_launch_loop_serves_from_two_vllm_servers_and_loads_each_version_onto_both(
     servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path
 ) -> None:
@@ -160,16 +180,9 @@ async def test_a_replica_killed_mid_run_loses_no_request_and_comes_back_with_the
     servers: list[VllmServer], learnable_vllm_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from openclaw_cli.backends.local import LocalBackend, remote_vllm
-    from openclaw_cli.settings import Settings
-    from openclaw_cli.types import SamplingParams
 
     monkeypatch.setattr(remote_vllm, "PROBE_EVERY_S", 1.0)
-    settings = Settings(
-        model=str(learnable_vllm_model),
-        lora={"rank": 4},
-        local={"dtype": "float32", "vllm_servers": [s.url for s in servers], "state_dir": tmp_path / "ckpt"},
-    )
-    backend = LocalBackend(settings)
+    backend = LocalBackend(_remote(learnable_vllm_model, servers, tmp_path))
     await backend.start()
     try:
         assert backend.sampler_kind == "remote"
@@ -213,28 +226,18 @@ async def test_one_url_with_the_filesystem_resolver_serves_each_new_version_exac
     from runtime_helpers import free_port
 
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.settings import Settings
-    from openclaw_cli.types import AdamParams, SamplingParams, datum_from_completion
 
     shared = tmp_path / "resolver"
     shared.mkdir()
     server = VllmServer(learnable_vllm_model, free_port(), tmp_path / "resolver.log", resolver_dir=shared).start()
     try:
         server.wait_ready()
-        local = {"dtype": "float32", "vllm_servers": [server.url], "vllm_publish": "resolver"}
-        settings = Settings(
-            model=str(learnable_vllm_model), lora={"rank": 4}, local={**local, "vllm_adapter_dir": shared}
-        )
+        settings = _remote(learnable_vllm_model, [server], tmp_path, vllm_publish="resolver", vllm_adapter_dir=shared)
         backend = LocalBackend(settings)
         await backend.start()
         try:
             prompt = backend.tokenizer().render([{"role": "user", "content": "Hello!"}])
-            reply = await backend.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=3))
-            datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
-            await backend.forward_backward([datum], "importance_sampling")
-            await backend.optim_step(AdamParams(learning_rate=5e-2))  # weights far from the base: a real change
-            info = await backend.publish("trained")
-            assert info.version == 1 and backend.current_version().version == 1
+            assert await _trained_version(backend, prompt, seed=3) == 1 and backend.current_version().version == 1
             assert any(name.endswith("-shared-v1") for name in server.adapters())  # the server resolved it by name
             assert await served_logprob_gap(backend, prompt) < 2e-3
         finally:
@@ -249,16 +252,12 @@ async def test_a_server_without_runtime_lora_loading_is_refused_with_the_fix(
     from runtime_helpers import free_port
 
     from openclaw_cli.backends.local import LocalBackend
-    from openclaw_cli.settings import Settings
 
     server = VllmServer(learnable_vllm_model, free_port(), tmp_path / "plain.log", runtime_lora=False).start()
     try:
         server.wait_ready()
-        settings = Settings(
-            model=str(learnable_vllm_model), lora={"rank": 4}, local={"dtype": "float32", "vllm_servers": [server.url]}
-        )
         with pytest.raises(BackendError, match=r"runtime LoRA loading is off.*VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
-            await LocalBackend(settings).start()
+            await LocalBackend(_remote(learnable_vllm_model, [server], tmp_path)).start()
         unreachable = Settings(
             model=str(learnable_vllm_model), local={"vllm_servers": [f"http://127.0.0.1:{free_port()}"]}
         )
@@ -266,15 +265,6 @@ async def test_a_server_without_runtime_lora_loading_is_refused_with_the_fix(
             await LocalBackend(unreachable).start()
     finally:
         server.stop()
-
-
-def _remote(model: Path, servers: list[VllmServer], tmp_path: Path, rank: int = 4, **local: object) -> Settings:
-    urls = [s.url for s in servers]
-    return Settings(
-        model=str(model),
-        lora={"rank": rank},
-        local={"dtype": "float32", "vllm_servers": urls, "state_dir": tmp_path / "ckpt", **local},
-    )
 
 
 async def test_a_stream_in_flight_finishes_on_its_version_while_the_next_ones_are_published(
@@ -289,15 +279,7 @@ async def test_a_stream_in_flight_finishes_on_its_version_while_the_next_ones_ar
     await backend.start()
     try:
         prompt = backend.tokenizer().render([{"role": "user", "content": "Hello!"}])
-
-        async def trained_version(seed: int) -> int:
-            reply = await backend.sample(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=seed))
-            datum = datum_from_completion(prompt, reply.tokens, logprobs=reply.logprobs, advantages=1.0)
-            await backend.forward_backward([datum], "importance_sampling")
-            await backend.optim_step(AdamParams(learning_rate=5e-2))
-            return (await backend.publish(f"v{seed}")).version
-
-        first = await trained_version(1)
+        first = await _trained_version(backend, prompt, seed=1)
         greedy = SamplingParams(max_tokens=32, temperature=0.0)
         expected = await backend.sample(prompt, greedy)
         scored = (await backend.compute_logprobs(prompt + expected.tokens))[len(prompt) :]
@@ -307,7 +289,7 @@ async def test_a_stream_in_flight_finishes_on_its_version_while_the_next_ones_ar
 
         stream = backend.stream(prompt, greedy, version=first)
         opening = await anext(stream)
-        later = [await trained_version(2), await trained_version(3)]
+        later = [await _trained_version(backend, prompt, seed=2), await _trained_version(backend, prompt, seed=3)]
         assert later == [first + 1, first + 2] and first not in backend.servable_versions()
         assert all(pinned in s.adapters() for s in servers)  # retired, but pinned by the open stream
         rest = [event async for event in stream]

@@ -12,12 +12,11 @@ No model runs: a reply is ``max_tokens`` token ids drawn from (model name, promp
 name a runner-up, the next token id, at :data:`RUNNER_UP_LOGPROB` (keys ``token_id:N``).
 
 Knobs: ``fail_next`` (the next N completions answer 503 before any token), ``die_after`` (a stream closes the
-connection after that many tokens), ``runtime_lora``, ``version``,
-``max_lora_rank``, ``grammars`` (False: a server pinned to a structured-outputs backend that refuses our Lark
-grammars answers a request carrying one with 400; the double never enforces a grammar), ``resolver_dir`` (vLLM's
-filesystem resolver: an unknown model name loads ``<dir>/<name>`` when its ``adapter_config.json`` is a LoRA naming
-this server's model as its base), :meth:`restart` (a new process: our adapters are gone). Never use it outside
-tests.
+connection after that many tokens), ``runtime_lora``, ``version``, ``max_lora_rank``, ``grammars`` (False: a server
+pinned to a structured-outputs backend that refuses our Lark grammars answers a request carrying one with 400; the
+double never enforces a grammar), ``resolver_dir`` (vLLM's filesystem resolver: an unknown model name loads
+``<dir>/<name>`` when its ``adapter_config.json`` is a LoRA naming this server's model as its base), :meth:`restart`
+(a new process: our adapters are gone). Never use it outside tests.
 """
 
 from __future__ import annotations
