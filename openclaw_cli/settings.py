@@ -75,7 +75,7 @@ class JudgeSettings(_Section):
         description="OPD hints: judge = written by the judge (vote mode); next_state = the user's own next message "
         "(see next_state_hints); auto = the judge's hint when it wrote one, else next_state.",
     )
-    next_state_hints: Literal["every", "unhappy"] = Field(
+    next_state_hints: Literal["every", "unhappy", "corrections"] = Field(
         "every",
         description="Which user replies become OPD hints: every = all of them; unhappy = where the judge's score is "
         "<= 0 (a correction, or a verdict under judge.margin). every by default: on bench/learning.py (SmolLM2, 20 "

@@ -435,6 +435,19 @@ class Verdict:
         return json.dumps(body, ensure_ascii=False)
 
 
+def wants_next_state_hint(which: str, verdict: Verdict) -> bool:
+    """Whether the user's next message becomes the turn's OPD hint (``judge.next_state_hints``): ``every`` reply;
+    ``unhappy``, where the reward is 0 or below (corrections and verdicts under the margin); ``corrections``, where
+    the judge leans toward a correction: log-odds below 0, under the margin or not (vote mode, which has none: a
+    score below 0)."""
+    if which == "every":
+        return True
+    if which == "unhappy":
+        return verdict.score <= 0
+    lean = verdict.log_odds if verdict.log_odds is not None else verdict.score
+    return lean < 0
+
+
 def resolve_mode(setting: str, client: object) -> str:
     """The readout a judge client runs: ``judge.mode``, or for ``auto`` the best one it supports (channel, then
     logprob, then vote). Raises JudgeConfigError when the client cannot run the mode asked for."""
@@ -612,14 +625,14 @@ class JudgeLoop:
             verdict.hint_source = "judge"
         elif self.wants_hints and hint_source in ("auto", "next_state"):
             # The user's own next message is the hint: a correction or an instruction is hindsight in the user's
-            # words, even where the judge cannot write a hint. By default on every user reply, approval included:
-            # a small judge misreads many corrections as mild approval (its verdict alone would drop their hints),
-            # and an approving hint costs little, because the teacher then rates the reply at least as high as the
-            # student did and OPD's advantage is clipped at train.opd_max_advantage (0 by default).
+            # words, even where the judge cannot write a hint. Which replies (judge.next_state_hints): a small judge
+            # masks many corrections under its margin, so the verdict's sign is read before the margin; a reply it
+            # leans to reading as approval is not hindsight about the reply ("Thanks! Next question: ...", "tell me
+            # more"), and told it the frozen base model ends its answers sooner, which OPD then distils into a
+            # user who never spoke of length (bench/owners.py's owner B).
             next_state = args[2]
             role = turn.next_state_role or (str(next_state[-1].get("role")) if next_state else None)
-            every = self.settings.judge.next_state_hints == "every"
-            if role == "user" and (every or verdict.score <= 0):
+            if role == "user" and wants_next_state_hint(self.settings.judge.next_state_hints, verdict):
                 words = [flatten_content(m.get("content")) for m in next_state if m.get("role") == "user"]
                 hint = hint_from_next_state(words[-1]) if words else None
                 if hint is not None:
