@@ -164,6 +164,17 @@ def b_verdict(run: OwnerRun) -> tuple[bool, str]:
     return ok, f"{words}, hits {run.b_before.hits:.2f} -> {run.b_after.hits:.2f}"
 
 
+def result_line(run: OwnerRun, told: learning.HeldOut) -> str:
+    a_ok, a_line = learning.verdict_line(run.a_before, told, run.a_after)
+    b_ok, b_line = b_verdict(run)
+    steps = ", ".join(f"{_label(row['adapter'])} {row['steps']}" for row in run.adapters)
+    return (
+        f"seed {run.seed} {run.scope:>6}: A {run.a_before.words:.1f} -> {run.a_after.words:.1f} words, hits "
+        f"{run.a_after.hits:.2f} [{'PASS' if a_ok else 'fail'}: {a_line}]; {b_line} "
+        f"[{'PASS' if b_ok else 'fail'}]; steps {steps}; B turns {run.b_turns}"
+    )
+
+
 def run_in_child(args: argparse.Namespace, seed: int, scope: str) -> OwnerRun | None:
     with tempfile.TemporaryDirectory(prefix="openclaw-owners-run-") as tmp:
         out = Path(tmp) / "result.json"
@@ -214,17 +225,16 @@ def main() -> int:
         return 0
     told = asyncio.run(told_model(args))
     print(f"told model (held-out, the instruction added): {told.words:.1f} words, hits {told.hits:.2f}")
-    runs = [r for seed in args.seeds for scope in args.scopes if (r := run_in_child(args, seed, scope)) is not None]
+    runs = []
+    for seed in args.seeds:
+        for scope in args.scopes:
+            run = run_in_child(args, seed, scope)
+            if run is not None:
+                print(result_line(run, told))  # as each run ends: a 3-seed side-by-side takes over two hours
+                runs.append(run)
     print("\n=== held-out, plain, per owner (before -> after)")
-    for r in runs:
-        a_ok, a_line = learning.verdict_line(r.a_before, told, r.a_after)
-        b_ok, b_line = b_verdict(r)
-        steps = ", ".join(f"{_label(row['adapter'])} {row['steps']}" for row in r.adapters)
-        print(
-            f"seed {r.seed} {r.scope:>6}: A {r.a_before.words:.1f} -> {r.a_after.words:.1f} words, hits "
-            f"{r.a_after.hits:.2f} [{'PASS' if a_ok else 'fail'}: {a_line}]; {b_line} "
-            f"[{'PASS' if b_ok else 'fail'}]; steps {steps}; B turns {r.b_turns}"
-        )
+    for run in runs:
+        print(result_line(run, told))
     return 0
 
 

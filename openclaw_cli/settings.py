@@ -76,12 +76,13 @@ class JudgeSettings(_Section):
         "(see next_state_hints); auto = the judge's hint when it wrote one, else next_state.",
     )
     next_state_hints: Literal["every", "unhappy", "corrections"] = Field(
-        "every",
-        description="Which user replies become OPD hints: every = all of them; unhappy = where the judge's score is "
-        "<= 0 (a correction, or a verdict under judge.margin). every by default: on bench/learning.py (SmolLM2, 20 "
-        "min, 3 seeds) it measured 26/32/36% shorter held-out replies, unhappy (with train.loss_norm = token) "
-        "15/34/15%; the small judge reads some corrections as approval. unhappy avoids hinting an approval that "
-        "carries the next request ('thanks; now ...'), which a teacher told it holds against the good reply.",
+        "corrections",
+        description="Which user replies become OPD hints: corrections = where the judge leans toward reading the "
+        "reply as a correction (log-odds below 0, under judge.margin or not; vote mode: a score below 0); unhappy = "
+        "where the reward is <= 0 (corrections and every verdict under the margin); every = all of them. "
+        "corrections by default: with every, a user who only thanked and asked follow-ups ('Thanks! Next question: "
+        "...', 'tell me more') got plain replies 25% shorter in 10 minutes (unhappy: 47%), because the base model "
+        "told any of those ends its answers sooner and OPD distils that; see docs/benchmarks.md (owners.py).",
     )
     votes: int = Field(3, ge=1, le=15, description="vote mode: PRM votes per turn (majority; tie or none -> 0).")
     temperature: float = Field(0.6, ge=0.0, le=2.0, description="vote mode: sampling temperature of the judge.")

@@ -210,9 +210,10 @@ async def test_loop_judges_each_turn_once_with_votes_and_hints(tmp_path: Path) -
 
         good = store.result_of("judge", thanks_id)
         assert good["score"] == 1 and good["votes"] == [1, 1, 1]
-        # No judge hint for approval; the user's own reply is the hint (judge.next_state_hints = "every").
-        assert good["hint_votes"] == [-1, -1, -1] and good["hint_source"] == "next_state"
-        assert good["hints"] == [THANKS] and good["hint"] == THANKS
+        # No judge hint for approval, and approval is not hindsight: the user's reply is no hint either (the default
+        # judge.next_state_hints = "corrections" hints only replies the judge reads as a correction).
+        assert good["hint_votes"] == [-1, -1, -1] and good["hint_source"] is None
+        assert good["hints"] == [] and good["hint"] is None
         assert good["prompt_version"] == PROMPT_VERSION and good["prompt_hash"] == prompt_hashes()
         assert good["judge"] == "scripted" and good["next_state_role"] == "user"
 

@@ -19,7 +19,9 @@ from openclaw_cli.learn.judge import (
     JudgeLoop,
     OpenAIJudgeClient,
     PolicyJudgeClient,
+    Verdict,
     resolve_mode,
+    wants_next_state_hint,
     words_from_top_logprobs,
 )
 from openclaw_cli.learn.judge_verdict import (
@@ -117,23 +119,77 @@ def test_channel_prefixes_hold_the_reply_and_name_who_answered() -> None:
         channel_log_odds([])
 
 
-async def test_every_user_reply_is_a_hint_by_default_even_one_the_judge_reads_as_approval(tmp_path: Path) -> None:
-    # The judge misreads the correction as approval (log-odds +2.5): with next_state_hints "unhappy" its hint is
-    # lost; the default ("every") keeps the user's words for the teacher, and the reward still follows the verdict.
+async def test_every_keeps_the_hint_of_a_correction_the_judge_misreads_as_approval_the_default_does_not(
+    tmp_path: Path,
+) -> None:
+    # The judge misreads the correction as approval (log-odds +2.5). "every" keeps the user's words for the teacher
+    # (the reward still follows the verdict); the default, "corrections", loses this hint, the price of not hinting
+    # approvals that carry the next request (bench/owners.py's owner B; docs/benchmarks.md).
     table = {
         (0, 1, CORRECTION): -5.0,
         (0, -1, CORRECTION): -8.0,
         (1, 1, CORRECTION): -6.0,
         (1, -1, CORRECTION): -8.0,
     }
-    assert Settings().judge.next_state_hints == "every"
-    every = Settings(method="opd")
-    with Store(tmp_path / "s.sqlite3") as store:
-        (turn_id,) = _seed(store, [CORRECTION])
-        assert await JudgeLoop(store, ChannelJudge(table), every).run_once() == 1
-        verdict = store.result_of("judge", turn_id)
+    assert Settings().judge.next_state_hints == "corrections"
+    for which, hint in (("every", CORRECTION), ("corrections", None)):
+        with Store(tmp_path / f"{which}.sqlite3") as store:
+            (turn_id,) = _seed(store, [CORRECTION])
+            settings = Settings(method="opd", judge={"next_state_hints": which})
+            assert await JudgeLoop(store, ChannelJudge(table), settings).run_once() == 1
+            verdict = store.result_of("judge", turn_id)
         assert verdict["score"] == pytest.approx(math.tanh(1.25))
-        assert verdict["hint_source"] == "next_state" and verdict["hint"] == CORRECTION
+        assert verdict["hint"] == hint
+
+
+FOLLOW_UP = "Interesting, tell me more."
+THANKS_NEXT = "Thanks! Next question: What is the largest ocean on Earth?"
+
+
+async def test_corrections_hints_only_replies_the_judge_leans_to_read_as_a_correction_margin_or_not(
+    tmp_path: Path,
+) -> None:
+    # Log-odds (mean over the two wordings): the correction -0.5 and the follow-up +0.4 are both under the margin
+    # (reward 0), the thanks with the next question +2.5. unhappy hints both masked replies; corrections only the one
+    # the judge leans to read as a correction, so a follow-up or a thanks that carries the next request is no hint.
+    table = {
+        (0, 1, CORRECTION): -20.0,
+        (0, -1, CORRECTION): -19.5,
+        (1, 1, CORRECTION): -21.0,
+        (1, -1, CORRECTION): -20.5,
+        (0, 1, FOLLOW_UP): -10.0,
+        (0, -1, FOLLOW_UP): -10.4,
+        (1, 1, FOLLOW_UP): -11.0,
+        (1, -1, FOLLOW_UP): -11.4,
+        (0, 1, THANKS_NEXT): -5.0,
+        (0, -1, THANKS_NEXT): -8.0,
+        (1, 1, THANKS_NEXT): -6.0,
+        (1, -1, THANKS_NEXT): -8.0,
+    }
+    hinted: dict[str, list[str]] = {}
+    for which in ("every", "unhappy", "corrections"):
+        settings = Settings(method="opd", judge={"margin": 1.0, "next_state_hints": which})
+        with Store(tmp_path / f"{which}.sqlite3") as store:
+            ids = _seed(store, [CORRECTION, FOLLOW_UP, THANKS_NEXT])
+            assert await JudgeLoop(store, ChannelJudge(table), settings).run_once() == 3
+            verdicts = [store.result_of("judge", turn_id) for turn_id in ids]
+        assert [v["log_odds"] for v in verdicts] == pytest.approx([-0.5, 0.4, 2.5])
+        assert [v["score"] for v in verdicts][:2] == [0.0, 0.0]  # both under the margin
+        hinted[which] = [v["hint"] for v in verdicts if v["hint"] is not None]
+    assert hinted == {
+        "every": [CORRECTION, FOLLOW_UP, THANKS_NEXT],
+        "unhappy": [CORRECTION, FOLLOW_UP],
+        "corrections": [CORRECTION],
+    }
+
+
+def test_corrections_reads_the_vote_score_where_a_verdict_has_no_log_odds() -> None:
+    assert wants_next_state_hint("corrections", Verdict(score=-1.0, mode="vote"))
+    assert not wants_next_state_hint("corrections", Verdict(score=0.0, mode="vote"))
+    assert wants_next_state_hint("unhappy", Verdict(score=0.0, mode="vote"))
+    # Channel: the sign before the margin decides, not the (masked) reward.
+    assert wants_next_state_hint("corrections", Verdict(score=0.0, mode="channel", log_odds=-0.01))
+    assert not wants_next_state_hint("corrections", Verdict(score=0.0, mode="channel", log_odds=0.01))
 
 
 def test_reward_is_zero_inside_the_margin_and_p_plus_minus_p_minus_outside() -> None:

@@ -12,11 +12,12 @@ weight only sets the demonstrations' share of the step against the OPD and KL te
 docs/algorithms.md). This is context distillation from the user's own words, and what the learning target asks for: the
 bot, asked plainly, answers as the base model does when told.
 
-Dropping the cut-off ones is a choice by length: half of SmolLM2's greedy answers to the learning bench's questions
-run past 128 tokens, so only the shorter half is trained, which may be why a user who never spoke of length
-(bench/owners.py's owner B) got plain replies 8-20% shorter. Keeping them as prefixes with no end was tried
-(bench/owners.py, 2 seeds): B stayed within 15%, but the longer demonstrations, replayed, slowed every step, and the
-learning user got 6-8 steps in 20 minutes instead of 13-15 and missed the goal; so they stay dropped.
+Dropping the cut-off ones is a choice by length (half of SmolLM2's greedy answers to the learning bench's questions
+run past 128 tokens), once suspected of shortening the replies of a user who never spoke of length
+(bench/owners.py's owner B). Measured, it was not: with demonstrations off that user's replies moved nearly as much
+(20% shorter against 25%); the cause was OPD on hints that were no corrections (``judge.next_state_hints``,
+docs/judge.md). Keeping cut-off ones as prefixes with no end was tried (2 seeds) and slowed every step: the learning
+user got 6-8 steps in 20 minutes instead of 13-15 and missed the goal; so they stay dropped.
 
 A demonstration is dropped (logged at debug level) when it is empty, was cut off by the token budget, repeats
 itself (fewer than half its words distinct: 'The answer is "The answer is "...'), echoes the hint (four words of
