@@ -43,7 +43,8 @@ B_LENGTH_DRIFT = 0.15  # B's plain replies stay within this share of their start
 B_HITS_DROP = 0.05  # ... and their keyword hits fall by at most this
 # B's thanks names nothing about the reply's form. The brevity script's own thanks line ("Thanks, short and clear.")
 # is praise *of brevity*, a word on form the owner B never says. B used it until stop 46 (plain replies
-# -11/-16/-18%); without it B still moved -20/-11/-8%, so it was not the main cause (docs/benchmarks.md).
+# -11/-16/-18%); without it B still moved -20/-11/-8%, so it was not the main cause: that was B's own replies as OPD
+# hints (judge.next_state_hints, docs/benchmarks.md).
 B_THANKS = "Thanks! Next question: {question}"
 
 
