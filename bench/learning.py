@@ -805,7 +805,14 @@ async def main_async(args: argparse.Namespace) -> int:
     runs = [(seed, args.judge) for seed in args.seeds]
     if args.control:  # the scripted-judge control beside the first seed
         runs.insert(1, (args.seeds[0], "scripted"))
-    results = [result for seed, kind in runs if (result := run_in_child(seed, kind)) is not None]
+    results = []
+    for seed, kind in runs:
+        result = run_in_child(seed, kind)
+        if result is not None:  # as each run ends: three seeds and the control take over an hour
+            after = result.after
+            line = verdict_line(before, told, after)[1]
+            print(f"{kind} seed {seed}: {result.steps} steps, {after.words:.1f} words, hits {after.hits:.2f}; {line}")
+            results.append(result)
     print("\n=== held-out after training, plain (before / told as above)")
     print(f"{'judge':>9}{'seed':>6}{'steps':>7}{'held':>6}{'words':>8}{'hits':>7}{'distinct':>10}  verdict")
     passed = 0
