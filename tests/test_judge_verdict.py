@@ -53,12 +53,26 @@ def _seed(store: Store, next_states: list[str]) -> list[int]:
     return ids
 
 
+# A channel table's four passes per reply, in this order: wording 0 "worked", wording 0 "did not", wording 1 "worked",
+# wording 1 "did not" (CHANNEL_FRAMES: two wordings, each a pair of sides).
+_PASSES = ((0, 1), (0, -1), (1, 1), (1, -1))
+
+
+def _channel_table(passes: dict[str, tuple[float, float, float, float]]) -> dict[tuple[int, int, str], float]:
+    """log p(reply | prefix) per (wording, side, reply), from each reply's four passes in _PASSES order."""
+    return {
+        (frame, side, text): logprob
+        for text, logprobs in passes.items()
+        for (frame, side), logprob in zip(_PASSES, logprobs, strict=True)
+    }
+
+
 class ChannelJudge:
     """TEST DOUBLE with the channel capability: log p(text | prefix) from a table, by mood and next state."""
 
     name = "channel-double"
 
-    def __init__(self, table: dict[tuple[str, str], float]) -> None:
+    def __init__(self, table: dict[tuple[int, int, str], float]) -> None:
         self.table = table
         self.calls: list[tuple[str, str]] = []
 
@@ -77,16 +91,12 @@ class ChannelJudge:
 async def test_channel_verdict_is_the_mean_log_odds_over_the_wordings_through_tanh_and_the_margin(
     tmp_path: Path,
 ) -> None:
-    table = {
-        (0, 1, THANKS): -5.0,
-        (0, -1, THANKS): -8.0,
-        (1, 1, THANKS): -6.0,
-        (1, -1, THANKS): -8.0,
-        (0, 1, CORRECTION): -20.0,
-        (0, -1, CORRECTION): -19.0,
-        (1, 1, CORRECTION): -21.0,
-        (1, -1, CORRECTION): -20.0,
-    }
+    table = _channel_table(
+        {
+            THANKS: (-5.0, -8.0, -6.0, -8.0),
+            CORRECTION: (-20.0, -19.0, -21.0, -20.0),
+        }
+    )
     settings = Settings(method="opd", judge={"margin": 1.0, "next_state_hints": "unhappy"})
     with Store(tmp_path / "s.sqlite3") as store:
         thanks_id, correction_id = _seed(store, [THANKS, CORRECTION])
@@ -125,12 +135,7 @@ async def test_every_keeps_the_hint_of_a_correction_the_judge_misreads_as_approv
     # The judge misreads the correction as approval (log-odds +2.5). "every" keeps the user's words for the teacher
     # (the reward still follows the verdict); the default, "corrections", loses this hint, the price of not hinting
     # approvals that carry the next request (bench/owners.py's owner B; docs/benchmarks.md).
-    table = {
-        (0, 1, CORRECTION): -5.0,
-        (0, -1, CORRECTION): -8.0,
-        (1, 1, CORRECTION): -6.0,
-        (1, -1, CORRECTION): -8.0,
-    }
+    table = _channel_table({CORRECTION: (-5.0, -8.0, -6.0, -8.0)})
     assert Settings().judge.next_state_hints == "corrections"
     for which, hint in (("every", CORRECTION), ("corrections", None)):
         with Store(tmp_path / f"{which}.sqlite3") as store:
@@ -152,20 +157,13 @@ async def test_corrections_hints_only_replies_the_judge_leans_to_read_as_a_corre
     # Log-odds (mean over the two wordings): the correction -0.5 and the follow-up +0.4 are both under the margin
     # (reward 0), the thanks with the next question +2.5. unhappy hints both masked replies; corrections only the one
     # the judge leans to read as a correction, so a follow-up or a thanks that carries the next request is no hint.
-    table = {
-        (0, 1, CORRECTION): -20.0,
-        (0, -1, CORRECTION): -19.5,
-        (1, 1, CORRECTION): -21.0,
-        (1, -1, CORRECTION): -20.5,
-        (0, 1, FOLLOW_UP): -10.0,
-        (0, -1, FOLLOW_UP): -10.4,
-        (1, 1, FOLLOW_UP): -11.0,
-        (1, -1, FOLLOW_UP): -11.4,
-        (0, 1, THANKS_NEXT): -5.0,
-        (0, -1, THANKS_NEXT): -8.0,
-        (1, 1, THANKS_NEXT): -6.0,
-        (1, -1, THANKS_NEXT): -8.0,
-    }
+    table = _channel_table(
+        {
+            CORRECTION: (-20.0, -19.5, -21.0, -20.5),
+            FOLLOW_UP: (-10.0, -10.4, -11.0, -11.4),
+            THANKS_NEXT: (-5.0, -8.0, -6.0, -8.0),
+        }
+    )
     hinted: dict[str, list[str]] = {}
     for which in ("every", "unhappy", "corrections"):
         settings = Settings(method="opd", judge={"margin": 1.0, "next_state_hints": which})
